@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# THE device run: set up carried wheels, build the CUDA extension, run tests/device, the kernel
+# micro-benchmarks and `qwen3-tts bench` (engine modes + peers) on a full random snapshot made here.
+# Everything lands in $OUT (at most 8 files: see README.md). Budget: BUDGET_S seconds in all (default 540).
+# PHASES (default: all) picks a subset: setup build snapshot tests kbench parity bench.
+set -uo pipefail
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-540}
+PHASES=${PHASES:-"setup build snapshot tests kbench parity bench"}
+OUT=${OUT:-$PWD/out}
+WORK=${QWEN3_TTS_WORK:-/tmp/q3tts}
+RESULTS=$WORK/results
+mkdir -p "$OUT" "$WORK" "$RESULTS"
+exec > >(tee -a "$OUT/run_all.log") 2>&1
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+export QWEN3_TTS_KERNEL_CACHE=$WORK/kernel-cache QWEN3_TTS_REPORT_DIR=$RESULTS
+export PYTHONPATH=$PWD:/tmp/site_common
+SNAPSHOT=$WORK/full
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET_S - $(elapsed) )); }
+want() { [[ " $PHASES " == *" $1 "* ]]; }
+phase() { echo; echo "=== $1 | ${2:-?}s cap | $(elapsed)s elapsed, $(left)s left"; }
+pack() {  # after every phase, so a cut run still returns what it has
+  tar czf "$OUT/results.tgz" -C "$WORK" results 2>/dev/null
+  cp -f "$RESULTS"/bench-*.json "$RESULTS"/kernel-bench.json "$OUT"/ 2>/dev/null
+  true
+}
+cap() { local want_s=$1; local l; l=$(( $(left) - 15 )); (( l < want_s )) && want_s=$l; (( want_s < 1 )) && want_s=1; echo "$want_s"; }
+
+if want setup; then
+  phase setup 60
+  pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$@"; }
+  common=$(ls .whl/*.whl | grep -v -e faster_qwen3_tts -e qwen_tts_hf)
+  pip_target /tmp/site_common $common || exit 1
+  pip_target /tmp/site_faster .whl/faster_qwen3_tts-*.whl .whl/qwen_tts_hf-*.whl || exit 1
+  pip_target /tmp/site_ref .whl/ref/*.whl || exit 1
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$RESULTS/gpu.txt"
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+fi
+
+SNAP_PID=""
+if want snapshot && [ ! -f "$SNAPSHOT/config.json" ]; then
+  phase "snapshot (background)" 240
+  ( python3 -m qwen3_tts_native model make-random --preset full --seed 0 --out "$SNAPSHOT" > "$RESULTS/make-random.log" 2>&1 ) &
+  SNAP_PID=$!
+fi
+
+if want build; then
+  phase build 300
+  timeout "$(cap 300)" python3 -m qwen3_tts_native.engine.kernels build --verbose > "$RESULTS/build.log" 2>&1
+  echo "build rc=$?"; tail -3 "$RESULTS/build.log"
+  pack
+fi
+
+if want tests; then
+  phase "tests/device kernels" 150
+  timeout "$(cap 150)" python3 -m pytest -q -x tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py \
+    -p no:cacheprovider --junitxml="$RESULTS/device-kernel-tests.xml" 2>&1 | tail -25
+  pack
+fi
+
+if want kbench; then
+  phase "kernel micro-benchmarks" 90
+  timeout "$(cap 90)" python3 benchmarks/device/kernel_bench.py --out "$RESULTS/kernel-bench.json" 2>&1 | tail -40
+  pack
+fi
+
+if [ -n "$SNAP_PID" ]; then
+  phase "waiting for the snapshot" "$(left)"
+  wait "$SNAP_PID"; echo "make-random rc=$?"; tail -2 "$RESULTS/make-random.log"
+fi
+
+if want parity; then
+  phase "tests/device graph parity (full snapshot)" 150
+  QWEN3_TTS_DEVICE_SNAPSHOT=$SNAPSHOT timeout "$(cap 150)" python3 -m pytest -q tests/device/test_graph_parity.py \
+    -p no:cacheprovider --junitxml="$RESULTS/device-graph-tests.xml" 2>&1 | tail -25
+  pack
+fi
+
+if want bench; then
+  phase "qwen3-tts bench" "$(left)"
+  budget=$(( $(left) - 150 )); (( budget < 30 )) && budget=30
+  timeout "$(cap 100000)" python3 -m qwen3_tts_native bench --model "$SNAPSHOT" --out-dir "$RESULTS" \
+    --modes "${BENCH_MODES:-exact,fast}" --frames "${BENCH_FRAMES:-64}" --runs 2 --ttfa-runs 10 \
+    --concurrency 1,3,6,16,64 --concurrency-frames "${BENCH_CONC_FRAMES:-32}" --level-timeout-s 30 \
+    --peers "${BENCH_PEERS:-faster,official}" --peer-frames 64 --peer-timeout-s 150 \
+    --peer-pythonpath "faster=/tmp/site_faster:/tmp/site_common" \
+    --peer-pythonpath "official=/tmp/site_ref:/tmp/site_common" \
+    --http-runs 5 --budget-s "$budget" 2>&1 | tail -60
+  pack
+fi
+
+phase done 0
+ls -la "$OUT"

@@ -1,0 +1,107 @@
+"""faster-qwen3-tts 0.5.4 (CUDA graphs over HF StaticCache) on a snapshot: single-stream RTF and TTFA.
+
+Runs under transformers 5.x with qwen-tts-hf 0.1.1.post1 (the Transformers-5 build of the official package)
+and the workaround of shared/docs/peers.md (appendix, b): the 12 Hz tokenizer's Mimi encoder keeps
+rope_theta only in `rope_parameters`, so the registered default RoPE init falls back to it.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import SAMPLES_PER_FRAME, parser, summarize, timed, write
+
+
+def patch_rope_default() -> None:
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    def default(config: Any, device: Any = None, seq_len: Any = None, layer_type: Any = None) -> Any:
+        theta = getattr(config, "rope_theta", None)
+        if theta is None:
+            params = getattr(config, "rope_parameters", None) or {}
+            if layer_type is not None and isinstance(params.get(layer_type), dict):
+                params = params[layer_type]
+            theta = params.get("rope_theta", 10000.0)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+        return 1.0 / (theta**exponents), 1.0
+
+    ROPE_INIT_FUNCTIONS["default"] = default
+
+
+def main() -> int:
+    args = parser(__doc__ or "").parse_args()
+    record: dict[str, Any] = {"peer": "faster-qwen3-tts", "frames_requested": args.frames}
+    try:
+        import qwen_tts  # noqa: F401  (registers its compat helpers before we patch)
+        import torch
+
+        patch_rope_default()
+        from importlib.metadata import version
+
+        from faster_qwen3_tts import FasterQwen3TTS
+
+        record["version"] = version("faster-qwen3-tts")
+        record["transformers"] = version("transformers")
+        load_s, model = timed(
+            lambda: FasterQwen3TTS.from_pretrained(
+                str(args.model),
+                device="cuda",
+                dtype=torch.bfloat16,
+                attn_implementation="sdpa",
+                max_seq_len=2048,
+            )
+        )
+        record["load_s"] = load_s
+
+        def synth() -> Any:
+            return model.generate_voice_design(
+                text=args.text, instruct=args.instruct, language=args.language, max_new_tokens=args.frames
+            )
+
+        torch.cuda.reset_peak_memory_stats()
+        synth()  # warm-up: graph capture and the first call at this length
+        rtfs, frames = [], 0
+        for _ in range(args.runs):
+            seconds, (audio, sr) = timed(synth)
+            samples = sum(len(a) for a in audio)
+            frames = samples // SAMPLES_PER_FRAME
+            rtfs.append(seconds / (samples / sr))
+        record["frames_generated"] = frames
+        record["rtf"] = summarize(rtfs)
+        record["single_stream_rtf"] = record["rtf"]["median"]
+        ttfa: dict[str, Any] = {}
+        for chunk in (1, 12):
+            values = []
+            for _ in range(args.ttfa_runs + 1):
+                stream = model.generate_voice_design_streaming(
+                    text=args.text,
+                    instruct=args.instruct,
+                    language=args.language,
+                    max_new_tokens=args.frames,
+                    chunk_size=chunk,
+                )
+                seconds, _ = timed(lambda stream=stream: next(stream))
+                stream.close()
+                values.append(seconds * 1000)
+            ttfa[f"chunk_{chunk}"] = summarize(values[1:])
+        record["ttfa"] = ttfa
+        record["ttfa_ms"] = ttfa["chunk_1"]["p50"]
+        record["ttfa_note"] = "in process, time to the first yielded chunk (chunk_size 1 and its default 12)"
+        record["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
+    except Exception as error:
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc()
+    write(args.out, record)
+    return 0 if "error" not in record else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The official qwen-tts 0.1.1 model loop (HF generate, transformers 4.57.3) on a snapshot.
+
+It has no streaming API, so its time to first audio is the time to the whole utterance. With
+max_new_tokens=N it returns N-1 frames (model.md §2.6), so N = frames + 1 is asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import SAMPLES_PER_FRAME, parser, summarize, timed, write
+
+
+def main() -> int:
+    args = parser(__doc__ or "").parse_args()
+    record: dict[str, Any] = {"peer": "qwen-tts (official loop)", "frames_requested": args.frames}
+    try:
+        from importlib.metadata import version
+
+        import torch
+        from qwen_tts import Qwen3TTSModel
+
+        record["version"] = version("qwen-tts")
+        record["transformers"] = version("transformers")
+        load_s, model = timed(
+            lambda: Qwen3TTSModel.from_pretrained(
+                str(args.model), device_map="cuda", dtype=torch.bfloat16, attn_implementation="sdpa"
+            )
+        )
+        record["load_s"] = load_s
+
+        def synth() -> Any:
+            return model.generate_voice_design(
+                text=args.text, instruct=args.instruct, language=args.language, max_new_tokens=args.frames + 1
+            )
+
+        torch.cuda.reset_peak_memory_stats()
+        synth()
+        rtfs, totals, frames = [], [], 0
+        for _ in range(args.runs):
+            seconds, (wavs, sr) = timed(synth)
+            samples = sum(len(w) for w in wavs)
+            frames = samples // SAMPLES_PER_FRAME
+            rtfs.append(seconds / (samples / sr))
+            totals.append(seconds * 1000)
+        record["frames_generated"] = frames
+        record["rtf"] = summarize(rtfs)
+        record["single_stream_rtf"] = record["rtf"]["median"]
+        record["ttfa"] = {"whole_utterance": summarize(totals)}
+        record["ttfa_ms"] = record["ttfa"]["whole_utterance"]["p50"]
+        record["ttfa_note"] = "no streaming API: time to the whole utterance of the timed runs"
+        record["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
+    except Exception as error:
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc()
+    write(args.out, record)
+    return 0 if "error" not in record else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+// Thin torch binding: checks tensors, then calls the launchers on the current CUDA stream. Every op writes
+// into caller-allocated outputs so that it can be captured in a CUDA graph.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "launchers.h"
+
+namespace {
+
+void check_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+}
+
+void check(const at::Tensor& t, const char* name, at::ScalarType dtype) {
+  check_cuda(t, name);
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+}
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be 2-D with unit inner stride");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0, name,
+              " rows must be 16-byte aligned");
+}
+
+void ok(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, what, " failed: ", cudaGetErrorString(err));
+}
+
+cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps) {
+  check(x, "x", at::kBFloat16);
+  check(out, "out", at::kBFloat16);
+  check(weight, "weight", at::kBFloat16);
+  check_rows(x, "x");
+  check_rows(out, "out");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight must be [hidden]");
+  void* res = nullptr;
+  if (residual.has_value()) {
+    check(*residual, "residual", at::kBFloat16);
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->strides() == x.strides(), "residual must match x");
+    res = residual->data_ptr();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::rms_norm(out.data_ptr(), x.data_ptr(), res, weight.data_ptr(), x.size(0), x.size(1), x.stride(0),
+                     out.stride(0), static_cast<float>(eps), stream()),
+     "rms_norm");
+}
+
+void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm,
+                        at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots,
+                        at::Tensor k_cache, at::Tensor v_cache, double eps) {
+  for (auto* t : {&q_out, &q, &k, &v, &q_norm, &k_norm, &cos, &sin, &k_cache, &v_cache}) {
+    check(*t, "tensor", at::kBFloat16);
+  }
+  check(positions, "positions", at::kLong);
+  check(slots, "slots", at::kLong);
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "caches must be contiguous [slots, kv_heads, max_len, head_dim]");
+  const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
+  TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2, "q, k, v must be [batch, heads * head_dim]");
+  TORCH_CHECK(q.stride(1) == 1 && k.stride(1) == 1 && v.stride(1) == 1, "q, k, v need unit inner stride");
+  TORCH_CHECK(k.size(1) == kv_heads * head_dim && v.size(1) == kv_heads * head_dim, "k/v width mismatch");
+  TORCH_CHECK(q_out.is_contiguous() && q_out.numel() == q.numel(), "q_out must be contiguous like q");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(-1) == head_dim, "cos/sin tables");
+  TORCH_CHECK(positions.numel() == batch && slots.numel() == batch, "positions/slots must be [batch]");
+  const c10::cuda::CUDAGuard guard(q.device());
+  ok(q3tts::qk_norm_rope_cache(q_out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0),
+                               k.stride(0), v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(),
+                               sin.data_ptr(), positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
+                               k_cache.data_ptr(), v_cache.data_ptr(), batch, q.size(1) / head_dim, kv_heads,
+                               head_dim, k_cache.size(2), static_cast<float>(eps), stream()),
+     "qk_norm_rope_cache");
+}
+
+int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_dim, int64_t max_len) {
+  return batch * q_heads * q3tts::decode_attention_splits(max_len, 64) * (head_dim + 2);
+}
+
+void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
+                      at::Tensor lengths, at::Tensor workspace, double scale) {
+  for (auto* t : {&out, &q, &k_cache, &v_cache}) check(*t, "tensor", at::kBFloat16);
+  check(slots, "slots", at::kLong);
+  check(lengths, "lengths", at::kLong);
+  check(workspace, "workspace", at::kFloat);
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && out.is_contiguous(), "q/out must be contiguous [B, heads, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const int64_t batch = q.size(0), q_heads = q.size(1), head_dim = q.size(2);
+  TORCH_CHECK(workspace.numel() >= decode_attention_workspace(batch, q_heads, head_dim, k_cache.size(2)),
+              "workspace too small");
+  const c10::cuda::CUDAGuard guard(q.device());
+  ok(q3tts::decode_attention(out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                             slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), workspace.data_ptr<float>(),
+                             batch, q_heads, k_cache.size(1), head_dim, k_cache.size(2), 64,
+                             static_cast<float>(scale), stream()),
+     "decode_attention");
+}
+
+void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
+  for (auto* t : {&out, &gate, &up}) check(*t, "tensor", at::kBFloat16);
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  check_rows(out, "out");
+  TORCH_CHECK(gate.sizes() == up.sizes() && out.sizes() == gate.sizes(), "shape mismatch");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  ok(q3tts::silu_mul(out.data_ptr(), gate.data_ptr(), up.data_ptr(), gate.size(0), gate.size(1), gate.stride(0),
+                     up.stride(0), out.stride(0), stream()),
+     "silu_mul");
+}
+
+void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
+  check(x, "x", at::kBFloat16);
+  check(y, "y", at::kBFloat16);
+  check_rows(x, "x");
+  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1, "y must be 2-D with unit inner stride");
+  check_cuda(w, "w");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be contiguous [out, in]");
+  q3tts::WeightKind kind;
+  switch (w.scalar_type()) {
+    case at::kBFloat16: kind = q3tts::WeightKind::kBf16; break;
+    case at::kChar: kind = q3tts::WeightKind::kInt8; break;
+    case at::kFloat8_e4m3fn: kind = q3tts::WeightKind::kFp8E4M3; break;
+    default: TORCH_CHECK(false, "w must be bf16, int8 or float8_e4m3fn");
+  }
+  const float* s = nullptr;
+  if (scale.has_value()) {
+    check(*scale, "scale", at::kFloat);
+    TORCH_CHECK(scale->is_contiguous() && scale->numel() == w.size(0), "scale must be [out]");
+    s = scale->data_ptr<float>();
+  }
+  TORCH_CHECK(kind == q3tts::WeightKind::kBf16 || s != nullptr, "8-bit weights need a scale");
+  const void* b = nullptr;
+  if (bias.has_value()) {
+    check(*bias, "bias", at::kBFloat16);
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0), "bias must be [out]");
+    b = bias->data_ptr();
+  }
+  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == w.size(0), "y must be [n, out]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), w.size(0), x.stride(0),
+                 y.stride(0), kind, stream()),
+     "gemv");
+}
+
+void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
+            c10::optional<at::Tensor> suppress, c10::optional<at::Tensor> ban_count, int64_t ban_token,
+            int64_t ban_below, at::Tensor greedy, at::Tensor temperature, at::Tensor top_k, at::Tensor top_p,
+            at::Tensor uniforms) {
+  check(logits, "logits", at::kFloat);
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "logits must be [rows, vocab]");
+  const int64_t rows = logits.size(0);
+  check(out, "out", at::kLong);
+  check(penalty, "penalty", at::kFloat);
+  check(greedy, "greedy", at::kBool);
+  check(temperature, "temperature", at::kFloat);
+  check(top_k, "top_k", at::kLong);
+  check(top_p, "top_p", at::kDouble);
+  check(uniforms, "uniforms", at::kDouble);
+  for (auto* t : {&penalty, &greedy, &temperature, &top_k, &top_p}) {
+    TORCH_CHECK(t->is_contiguous() && t->numel() == rows, "per-row parameters must be contiguous [rows]");
+  }
+  TORCH_CHECK(out.dim() == 1 && out.size(0) == rows, "out must be [rows]");
+  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == rows, "uniforms must be [rows]");
+  q3tts::SamplingArgs a{};
+  a.logits = logits.data_ptr<float>();
+  a.logits_stride = logits.stride(0);
+  a.vocab = logits.size(1);
+  a.rows = rows;
+  if (seen.has_value()) {
+    check(*seen, "seen", at::kBool);
+    TORCH_CHECK(seen->dim() == 2 && seen->stride(1) == 1 && seen->size(1) == a.vocab, "seen must be [rows, vocab]");
+    a.seen = reinterpret_cast<const uint8_t*>(seen->data_ptr<bool>());
+    a.seen_stride = seen->stride(0);
+  }
+  a.penalty = penalty.data_ptr<float>();
+  if (suppress.has_value()) {
+    check(*suppress, "suppress", at::kBool);
+    TORCH_CHECK(suppress->is_contiguous() && suppress->numel() == a.vocab, "suppress must be [vocab]");
+    a.suppress = reinterpret_cast<const uint8_t*>(suppress->data_ptr<bool>());
+  }
+  if (ban_count.has_value()) {
+    check(*ban_count, "ban_count", at::kLong);
+    TORCH_CHECK(ban_count->is_contiguous() && ban_count->numel() == rows, "ban_count must be [rows]");
+    a.ban_count = ban_count->data_ptr<int64_t>();
+  }
+  a.ban_token = static_cast<int>(ban_token);
+  a.ban_below = static_cast<int>(ban_below);
+  a.greedy = reinterpret_cast<const uint8_t*>(greedy.data_ptr<bool>());
+  a.temperature = temperature.data_ptr<float>();
+  a.top_k = top_k.data_ptr<int64_t>();
+  a.top_p = top_p.data_ptr<double>();
+  a.uniforms = uniforms.data_ptr<double>();
+  a.uniforms_stride = uniforms.stride(0);
+  a.out = out.data_ptr<int64_t>();
+  a.out_stride = out.stride(0);
+  const c10::cuda::CUDAGuard guard(logits.device());
+  ok(q3tts::sample(a, stream()), "sample");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "qwen3-tts-native CUDA kernels";
+  m.def("rms_norm", &rms_norm);
+  m.def("qk_norm_rope_cache", &qk_norm_rope_cache);
+  m.def("decode_attention_workspace", &decode_attention_workspace);
+  m.def("decode_attention", &decode_attention);
+  m.def("silu_mul", &silu_mul);
+  m.def("gemv", &gemv);
+  m.def("sample", &sample);
+}

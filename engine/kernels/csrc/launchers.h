@@ -1,0 +1,70 @@
+// Host launchers of the CUDA kernels. Plain pointers and sizes only, so the .cu files build with nvcc
+// alone (no torch headers); bindings.cpp checks tensors and calls these on the current stream.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace q3tts {
+
+enum class WeightKind : int { kBf16 = 0, kInt8 = 1, kFp8E4M3 = 2 };
+
+// out[r] = bf16(bf16(s * rsqrt(mean(s^2) + eps)) * weight), s = x[r] (or bf16(x[r] + residual[r]) when
+// residual is not null, in which case residual[r] is overwritten with s). Rows are `stride` elements apart.
+cudaError_t rms_norm(void* out, const void* x, void* residual, const void* weight, int rows, int hidden,
+                     int x_stride, int out_stride, float eps, cudaStream_t stream);
+
+// Per-head q/k RMSNorm (fp32 statistics), rotate-half RoPE from bf16 cos/sin tables [positions, D],
+// then K/V written to cache[slot, kv_head, position, :]. q/k/v rows are `*_stride` elements apart.
+// q_out is [batch, q_heads, D]. Caches are one layer's [slots, kv_heads, max_len, D].
+cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const void* v, int q_stride,
+                               int k_stride, int v_stride, const void* q_norm, const void* k_norm,
+                               const void* cos, const void* sin, const int64_t* positions,
+                               const int64_t* slots, void* k_cache, void* v_cache, int batch, int q_heads,
+                               int kv_heads, int head_dim, int max_len, float eps, cudaStream_t stream);
+
+// Split-K decode attention of one query per row over its slot's first lengths[b] cache entries.
+// q [batch, q_heads, D]; out [batch, q_heads, D]; workspace holds batch*q_heads*num_splits*(D+2) floats.
+cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
+                             const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
+                             int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
+                             float scale, cudaStream_t stream);
+int decode_attention_splits(int max_len, int split_len);
+
+// out = bf16(bf16(silu(gate)) * up), rows `*_stride` elements apart, `cols` wide.
+cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
+                     int up_stride, int out_stride, cudaStream_t stream);
+
+// y[n, :m] = bf16(x[n, :k] @ W[m, k]^T * scale[m] + bias[m]); scale may be null (bf16 weights),
+// bias may be null. Each output row's reduction order is fixed, whatever n is (batch invariant).
+cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
+                 int k, int m, int x_stride, int y_stride, WeightKind kind, cudaStream_t stream);
+
+// One fused sampling step per row (block per row, vocab <= 4096), the rules of
+// engine/runtime/sampling.py: repetition penalty over `seen`, bans, greedy argmax (lowest index on ties),
+// temperature, top-k keeping ties, top-p over a stable ascending sort, then the inverse-CDF draw with the
+// row's uniform over w_i = exp(s_i - max) in index order with a float64 running sum.
+struct SamplingArgs {
+  const float* logits;       // [rows, vocab] fp32, row stride logits_stride
+  int logits_stride;
+  int vocab;
+  int rows;
+  const uint8_t* seen;       // [rows, vocab] bool history or null (no penalty)
+  int seen_stride;
+  const float* penalty;      // [rows]
+  const uint8_t* suppress;   // [vocab] always-banned ids or null
+  const int64_t* ban_count;  // [rows] cb0 tokens so far (EOS banned while < ban_below), or null
+  int ban_token;
+  int ban_below;
+  const uint8_t* greedy;     // [rows]
+  const float* temperature;  // [rows]
+  const int64_t* top_k;      // [rows], 0 = off
+  const double* top_p;       // [rows], >= 1 = off
+  const double* uniforms;    // [rows] u in [0, 1), row stride uniforms_stride
+  int uniforms_stride;
+  int64_t* out;              // [rows], row stride out_stride
+  int out_stride;
+};
+cudaError_t sample(const SamplingArgs& args, cudaStream_t stream);
+
+}  // namespace q3tts

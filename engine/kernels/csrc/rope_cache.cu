@@ -1,0 +1,98 @@
+// q/k RMSNorm + rotate-half RoPE + KV-cache write in one pass, one warp per head.
+// The rotation repeats torch's bf16 rounding (x*cos, rotated*sin, their sum, each rounded), so apart from the
+// norm's fp32 reduction order the result is the reference's bit for bit.
+#include "common.cuh"
+#include "launchers.h"
+
+namespace q3tts {
+namespace {
+
+constexpr int kWarps = 4;
+
+// P = head_dim / 64: each lane owns P consecutive elements of each half of the head.
+template <int P>
+__global__ void __launch_bounds__(kWarps * 32)
+    qk_norm_rope_cache_kernel(bf16* __restrict__ q_out, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                              const bf16* __restrict__ v, int q_stride, int k_stride, int v_stride,
+                              const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
+                              const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
+                              const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
+                              bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
+                              int max_len, float eps) {
+  constexpr int D = 64 * P;
+  constexpr int H = D / 2;
+  const int b = blockIdx.y;
+  const int head = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (head >= q_heads + 2 * kv_heads) return;
+  const int pos = static_cast<int>(positions[b]);
+  const int64_t slot = slots[b];
+  const int lo = lane * P;  // element index in the first half; lo + H in the second
+
+  if (head >= q_heads + kv_heads) {  // V: plain copy into the cache
+    const int kvh = head - q_heads - kv_heads;
+    const bf16* src = v + static_cast<int64_t>(b) * v_stride + kvh * D;
+    bf16* dst = v_cache + ((slot * kv_heads + kvh) * max_len + pos) * D;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      dst[lo + j] = src[lo + j];
+      dst[lo + H + j] = src[lo + H + j];
+    }
+    return;
+  }
+
+  const bool is_q = head < q_heads;
+  const int h = is_q ? head : head - q_heads;
+  const bf16* src = is_q ? q + static_cast<int64_t>(b) * q_stride + h * D : k + static_cast<int64_t>(b) * k_stride + h * D;
+  const bf16* w = is_q ? q_norm : k_norm;
+  float a[P], c[P];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    a[j] = to_f(src[lo + j]);
+    c[j] = to_f(src[lo + H + j]);
+    ss += a[j] * a[j] + c[j] * c[j];
+  }
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(D) + eps);
+  const bf16* cs = cos_table + static_cast<int64_t>(pos) * D;
+  const bf16* sn = sin_table + static_cast<int64_t>(pos) * D;
+  bf16* dst = is_q ? q_out + (static_cast<int64_t>(b) * q_heads + h) * D
+                   : k_cache + ((slot * kv_heads + h) * max_len + pos) * D;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const float x1 = round_bf(to_f(w[lo + j]) * round_bf(a[j] * inv));
+    const float x2 = round_bf(to_f(w[lo + H + j]) * round_bf(c[j] * inv));
+    const float o1 = round_bf(x1 * to_f(cs[lo + j])) + round_bf(-x2 * to_f(sn[lo + j]));
+    const float o2 = round_bf(x2 * to_f(cs[lo + H + j])) + round_bf(x1 * to_f(sn[lo + H + j]));
+    dst[lo + j] = to_bf(o1);
+    dst[lo + H + j] = to_bf(o2);
+  }
+}
+
+}  // namespace
+
+cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const void* v, int q_stride,
+                               int k_stride, int v_stride, const void* q_norm, const void* k_norm,
+                               const void* cos, const void* sin, const int64_t* positions,
+                               const int64_t* slots, void* k_cache, void* v_cache, int batch, int q_heads,
+                               int kv_heads, int head_dim, int max_len, float eps, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  const dim3 grid((q_heads + 2 * kv_heads + kWarps - 1) / kWarps, batch);
+#define Q3TTS_LAUNCH(P)                                                                                   \
+  qk_norm_rope_cache_kernel<P><<<grid, kWarps * 32, 0, stream>>>(                                         \
+      static_cast<bf16*>(q_out), static_cast<const bf16*>(q), static_cast<const bf16*>(k),                \
+      static_cast<const bf16*>(v), q_stride, k_stride, v_stride, static_cast<const bf16*>(q_norm),        \
+      static_cast<const bf16*>(k_norm), static_cast<const bf16*>(cos), static_cast<const bf16*>(sin),     \
+      positions, slots, static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads,      \
+      max_len, eps)
+  switch (head_dim) {
+    case 64: Q3TTS_LAUNCH(1); break;
+    case 128: Q3TTS_LAUNCH(2); break;
+    default: return cudaErrorInvalidValue;
+  }
+#undef Q3TTS_LAUNCH
+  return cudaGetLastError();
+}
+
+}  // namespace q3tts

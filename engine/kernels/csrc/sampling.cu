@@ -1,0 +1,238 @@
+// The whole sampling step of a row in one block: penalty, bans, greedy, temperature, top-k (ties kept),
+// top-p (stable ascending order, HF rule), inverse-CDF draw. See launchers.h for the exact definition.
+#include <math_constants.h>
+
+#include "common.cuh"
+#include "launchers.h"
+
+namespace q3tts {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kPerThread = 4;
+constexpr int kMaxVocab = kThreads * kPerThread;
+
+// Monotone map of a float onto uint32 (-inf lowest, +inf highest; NaN is not expected here).
+__device__ __forceinline__ uint32_t ordered(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float unordered(uint32_t o) {
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+// Exclusive block scan of doubles in thread order; `total` gets the block sum.
+__device__ double block_exclusive_scan(double v, double* warp_sums, double& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double inclusive = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const double n = __shfl_up_sync(0xffffffffu, inclusive, off);
+    if (lane >= off) inclusive += n;
+  }
+  __syncthreads();
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    double s = warp_sums[lane];
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const double n = __shfl_up_sync(0xffffffffu, s, off);
+      if (lane >= off) s += n;
+    }
+    warp_sums[lane] = s;  // inclusive over warps
+  }
+  __syncthreads();
+  total = warp_sums[31];
+  const double warp_prefix = warp == 0 ? 0.0 : warp_sums[warp - 1];
+  return warp_prefix + inclusive - v;
+}
+
+__device__ int block_min_int(int v, int* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, off));
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = scratch[lane];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+__device__ int block_max_int(int v, int* scratch) { return -block_min_int(-v, scratch); }
+
+__device__ float block_max_float(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_max(scratch[lane]);
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
+  __shared__ unsigned long long keys[kMaxVocab];
+  __shared__ uint8_t dropped[kMaxVocab];
+  __shared__ double dscratch[32];
+  __shared__ float fscratch[32];
+  __shared__ int iscratch[32];
+
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int vocab = a.vocab;
+  const float* logits = a.logits + static_cast<int64_t>(row) * a.logits_stride;
+  const uint8_t* seen = a.seen != nullptr ? a.seen + static_cast<int64_t>(row) * a.seen_stride : nullptr;
+  const float penalty = a.penalty != nullptr ? a.penalty[row] : 1.0f;
+  const int ban_extra =
+      (a.ban_count != nullptr && a.ban_count[row] < a.ban_below) ? a.ban_token : -1;
+
+  // 1. scores: fp32 logits, repetition penalty, bans. Thread t owns ids [4t, 4t + 4).
+  float s[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = tid * kPerThread + j;
+    float x = -CUDART_INF_F;
+    if (i < vocab) {
+      x = logits[i];
+      if (seen != nullptr && seen[i]) x = x < 0.0f ? x * penalty : x / penalty;
+      if ((a.suppress != nullptr && a.suppress[i]) || i == ban_extra) x = -CUDART_INF_F;
+    }
+    s[j] = x;
+  }
+
+  int64_t chosen;
+  if (a.greedy[row]) {
+    // 2a. argmax, lowest index on ties.
+    float best = -CUDART_INF_F;
+    int best_i = vocab;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = tid * kPerThread + j;
+      if (i < vocab && (s[j] > best || best_i == vocab)) {
+        best = s[j];
+        best_i = i;
+      }
+    }
+    const float m = block_max_float(best, fscratch);
+    chosen = block_min_int(best == m ? best_i : vocab, iscratch);
+  } else {
+    // 2b. temperature (true division, as the reference's tensor division).
+    const float t = a.temperature[row];
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) s[j] = s[j] / t;
+    const int64_t k = a.top_k[row];
+    const double top_p = a.top_p[row];
+    const bool cut_k = k > 0 && k < vocab;
+    const bool cut_p = top_p < 1.0;
+    float max_score;
+    float kth = -CUDART_INF_F;
+    int size = 1;
+    while (size < vocab) size <<= 1;
+    if (cut_k || cut_p) {
+      // Stable ascending order: key = (ordered value, id); padding keys (0) sort first.
+      const int pad = size - vocab;
+      for (int p = tid; p < size; p += kThreads) keys[p] = 0ull;
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int i = tid * kPerThread + j;
+        if (i < vocab) keys[i + pad] = (static_cast<unsigned long long>(ordered(s[j])) << 32) | static_cast<uint32_t>(i);
+      }
+      // Padding occupies [0, pad) with key 0 and real keys are all > 0, so sorting keeps them in front.
+      __syncthreads();
+      for (int len = 2; len <= size; len <<= 1) {
+        for (int stride = len >> 1; stride > 0; stride >>= 1) {
+          for (int p = tid; p < size; p += kThreads) {
+            const int q = p ^ stride;
+            if (q > p) {
+              const unsigned long long x = keys[p], y = keys[q];
+              const bool up = (p & len) == 0;
+              if ((x > y) == up) {
+                keys[p] = y;
+                keys[q] = x;
+              }
+            }
+          }
+          __syncthreads();
+        }
+      }
+      max_score = unordered(static_cast<uint32_t>(keys[size - 1] >> 32));
+      if (cut_k) kth = unordered(static_cast<uint32_t>(keys[size - static_cast<int>(k)] >> 32));
+    } else {
+      float m = -CUDART_INF_F;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
+      max_score = block_max_float(m, fscratch);
+    }
+
+    for (int p = tid; p < vocab; p += kThreads) dropped[p] = 0;
+    __syncthreads();
+    if (cut_p) {
+      // 3. top-p over sorted positions: cumulative mass (float64 running sum, rounded to fp32) <= 1 - p
+      // is dropped, the largest is always kept. Top-k's dropped values form a prefix with zero mass.
+      const float threshold = static_cast<float>(1.0 - top_p);
+      double w[kPerThread];
+      double local = 0.0;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int p = tid * kPerThread + j;
+        float v = -CUDART_INF_F;
+        if (p < size) v = keys[p] == 0ull ? -CUDART_INF_F : unordered(static_cast<uint32_t>(keys[p] >> 32));
+        const bool kept = v != -CUDART_INF_F && !(cut_k && v < kth);
+        w[j] = kept ? static_cast<double>(expf(v - max_score)) : 0.0;
+        local += w[j];
+      }
+      double total;
+      double run = block_exclusive_scan(local, dscratch, total);
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int p = tid * kPerThread + j;
+        run += w[j];
+        if (p < size && p != size - 1 && keys[p] != 0ull) {
+          const float cumulative = static_cast<float>(run / total);
+          if (cumulative <= threshold) dropped[static_cast<uint32_t>(keys[p])] = 1;
+        }
+      }
+      __syncthreads();
+    }
+
+    // 4. inverse CDF in id order over w_i = exp(s_i - max) of the kept ids.
+    double w[kPerThread];
+    double local = 0.0;
+    int last_nonzero = -1;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = tid * kPerThread + j;
+      const bool kept = i < vocab && !(cut_k && s[j] < kth) && !dropped[min(i, vocab - 1)];
+      w[j] = kept ? static_cast<double>(expf(s[j] - max_score)) : 0.0;
+      if (w[j] > 0.0) last_nonzero = i;
+      local += w[j];
+    }
+    double total;
+    double run = block_exclusive_scan(local, dscratch, total);
+    const double threshold = a.uniforms[static_cast<int64_t>(row) * a.uniforms_stride] * total;
+    int first = vocab;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      run += w[j];
+      if (first == vocab && w[j] > 0.0 && run > threshold) first = tid * kPerThread + j;
+    }
+    first = block_min_int(first, iscratch);
+    last_nonzero = block_max_int(last_nonzero, iscratch);
+    chosen = min(first, last_nonzero);
+  }
+  if (tid == 0) a.out[static_cast<int64_t>(row) * a.out_stride] = chosen;
+}
+
+}  // namespace
+
+cudaError_t sample(const SamplingArgs& args, cudaStream_t stream) {
+  if (args.vocab > kMaxVocab || args.vocab < 1) return cudaErrorInvalidValue;
+  if (args.rows == 0) return cudaSuccess;
+  sample_kernel<<<args.rows, kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace q3tts

@@ -1,0 +1,234 @@
+"""Public kernel ops: the CUDA extension when it is loaded and the inputs suit it, else the torch reference.
+
+Every op returns the same thing either way (within the per-op tolerances of tests/device); callers never
+branch on the backend. Outputs are freshly allocated, so the ops are safe inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+from ..runtime import sampling
+from . import loader, reference
+from .reference import QuantizedWeight
+
+__all__ = [
+    "QuantizedWeight",
+    "add_rms_norm_",
+    "decode_attention",
+    "kernels_available",
+    "linear",
+    "qk_norm_rope_cache",
+    "rms_norm",
+    "sample_predictor",
+    "sample_talker",
+    "silu_mul",
+]
+
+
+def kernels_available() -> bool:
+    return loader.load() is not None
+
+
+def _ext(*tensors: Tensor, dtype: torch.dtype | None = torch.bfloat16):  # type: ignore[no-untyped-def]
+    """The extension if every tensor is on CUDA (and of `dtype`, when given), else None."""
+    if not all(t.is_cuda for t in tensors):
+        return None
+    if dtype is not None and not all(t.dtype == dtype for t in tensors):
+        return None
+    return loader.load()
+
+
+def _rows(x: Tensor) -> Tensor | None:
+    """x as [rows, hidden] with 16-byte aligned rows, or None when it cannot be viewed so."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
+        return None
+    return rows
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim (reference: layers.rms_norm). Kernel tolerance: 1 bf16 ulp."""
+    ext = _ext(x, weight)
+    rows = _rows(x) if ext is not None else None
+    if ext is None or rows is None or x.shape[-1] % 8:
+        return reference.rms_norm(x, weight, eps)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    ext.rms_norm(out, rows, None, weight, eps)
+    return out.view(x.shape)
+
+
+def add_rms_norm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """residual <- residual + x in place; returns rms_norm(residual). One pass over both in the kernel."""
+    ext = _ext(x, residual, weight)
+    rows, res = (_rows(x), _rows(residual)) if ext is not None else (None, None)
+    if ext is None or rows is None or res is None or rows.stride() != res.stride() or x.shape[-1] % 8:
+        return reference.add_rms_norm_(x, residual, weight, eps)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    ext.rms_norm(out, rows, res, weight, eps)
+    return out.view(x.shape)
+
+
+def qk_norm_rope_cache(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    cos_table: Tensor,
+    sin_table: Tensor,
+    positions: Tensor,
+    slots: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    eps: float,
+) -> Tensor:
+    """Per-head q/k RMSNorm + RoPE + K/V cache write for one token per row; returns q [B, Hq, D].
+
+    Kernel tolerance: 1 bf16 ulp on q and k (the norm's fp32 sum order); v is copied exactly.
+    """
+    ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
+    if (
+        ext is None
+        or positions.dtype != torch.int64
+        or slots.dtype != torch.int64
+        or k_cache.shape[-1] not in (64, 128)
+    ):
+        return reference.qk_norm_rope_cache(
+            q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
+        )
+    head_dim = k_cache.shape[-1]
+    q_out = torch.empty(q.shape[0], q.shape[1] // head_dim, head_dim, dtype=q.dtype, device=q.device)
+    ext.qk_norm_rope_cache(
+        q_out, q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
+    )
+    return q_out
+
+
+def decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, scale: float
+) -> Tensor:
+    """One query per row over its slot's first `lengths` keys: [B, Hq, D] -> [B, Hq*D].
+
+    The kernel keeps scores and probabilities in fp32 (the reference rounds scores and weights to bf16),
+    so the tolerance is relative: 2e-2 max-abs / 1e-2 relative-L2 against the reference.
+    """
+    ext = _ext(q, k_cache, v_cache)
+    supported = k_cache.shape[-1] in (64, 128) and q.shape[1] // k_cache.shape[1] in (1, 2)
+    if ext is None or not supported or slots.dtype != torch.int64 or lengths.dtype != torch.int64:
+        return reference.decode_attention(q, k_cache, v_cache, slots, lengths, scale)
+    batch, heads, head_dim = q.shape
+    workspace = torch.empty(
+        ext.decode_attention_workspace(batch, heads, head_dim, k_cache.shape[2]),
+        dtype=torch.float32,
+        device=q.device,
+    )
+    out = torch.empty_like(q)
+    ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale)
+    return out.view(batch, heads * head_dim)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """SiLU(gate) * up; the kernel is bit-identical to the reference (same fp32 expression and roundings)."""
+    ext = _ext(gate, up)
+    g, u = (_rows(gate), _rows(up)) if ext is not None else (None, None)
+    if ext is None or g is None or u is None or gate.shape != up.shape or gate.shape[-1] % 8:
+        return reference.silu_mul(gate, up)
+    out = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
+    ext.silu_mul(out, g, u)
+    return out.view(gate.shape)
+
+
+def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    """x @ W^T (+ bias) for bf16 or weight-only 8-bit W, one warp per output row (batch invariant).
+
+    Kernel tolerance vs the reference: bf16 W, 1e-2 relative L2 (fp32 accumulation in another order);
+    8-bit W, 1e-2 relative L2 against the fp32 product of the stored codes.
+    """
+    data = weight if isinstance(weight, Tensor) else weight.data
+    ext = _ext(x, dtype=torch.bfloat16)
+    rows = _rows(x) if ext is not None else None
+    ok = (
+        ext is not None
+        and rows is not None
+        and data.is_cuda
+        and (bias is None or (bias.is_cuda and bias.dtype == torch.bfloat16))
+        and data.dtype in (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+        and x.shape[-1] % 16 == 0
+    )
+    if not ok or ext is None or rows is None:
+        return reference.linear(x, weight, bias)
+    out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
+    scale = None if isinstance(weight, Tensor) else weight.scale
+    ext.gemv(out, rows, data, scale, bias)
+    return out.view(*x.shape[:-1], data.shape[0])
+
+
+@lru_cache(maxsize=8)
+def _suppressed(vocab: int, eos_id: int, device: torch.device) -> Tensor:
+    """[vocab] bool: the control ids every talker row bans (EOS excluded; it has its own rule)."""
+    return sampling.talker_banned_tokens(
+        torch.full((1,), sampling.EOS_BAN_FRAMES, device=device), vocab, eos_id
+    )[0]
+
+
+def sample_talker(
+    logits: Tensor,
+    uniforms: Tensor,
+    params: sampling.SamplingRows,
+    history: Tensor,
+    frames_generated: Tensor,
+    eos_id: int,
+) -> Tensor:
+    """cb0 for each row: penalty over `history`, control ids and (under 2 frames) EOS banned, then the draw.
+
+    Same token as `sampling.sample_with_uniform` for the same uniform (tests/device checks 1M cases).
+    """
+    ext = _ext(logits, dtype=torch.float32)
+    if ext is None or logits.shape[-1] > 4096:
+        banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
+        return reference.sample(logits, uniforms, params, history, banned)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    ext.sample(
+        out,
+        logits,
+        history,
+        params.repetition_penalty,
+        _suppressed(logits.shape[-1], eos_id, logits.device),
+        frames_generated,
+        eos_id,
+        sampling.EOS_BAN_FRAMES,
+        params.greedy,
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        uniforms,
+    )
+    return out
+
+
+def sample_predictor(logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows) -> Tensor:
+    """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans)."""
+    ext = _ext(logits, dtype=torch.float32)
+    if ext is None or logits.shape[-1] > 4096:
+        return reference.sample(logits, uniforms, params)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    ext.sample(
+        out,
+        logits,
+        None,
+        params.repetition_penalty,
+        None,
+        None,
+        -1,
+        0,
+        params.greedy,
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        uniforms,
+    )
+    return out

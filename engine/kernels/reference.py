@@ -1,0 +1,133 @@
+"""Torch reference of every kernel op: the definition the CUDA kernels are tested against.
+
+Where engine/model/layers.py or engine/runtime/sampling.py defines the math, these call it; the only
+additions are the shapes the kernels use (flattened rows, in-place residual, one layer's cache) and the
+8-bit weight formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model import layers
+from ..runtime import sampling
+
+INT8_MAX = 127.0
+FP8_E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight-only 8-bit matrix: data [out, in] (int8 or float8_e4m3fn), scale [out] fp32.
+
+    W ~= data.float() * scale[:, None]: one scale per output channel, symmetric, no zero point.
+    """
+
+    data: Tensor
+    scale: Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+        return (self.data.float() * self.scale.unsqueeze(1)).to(dtype)
+
+
+def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
+    """Per-output-channel symmetric quantization of a [out, in] weight to "int8" or "fp8" (e4m3)."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1).clamp_min(1e-12)
+    if kind == "int8":
+        scale = amax / INT8_MAX
+        data = torch.round(w / scale.unsqueeze(1)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    elif kind == "fp8":
+        scale = amax / FP8_E4M3_MAX
+        data = (w / scale.unsqueeze(1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    else:
+        raise ValueError(f"unknown weight format {kind!r} (int8 or fp8)")
+    return QuantizedWeight(data.contiguous(), scale.contiguous())
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return layers.rms_norm(x, weight, eps)
+
+
+def add_rms_norm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """residual <- residual + x (model dtype); returns rms_norm(residual)."""
+    residual.copy_(residual + x)
+    return layers.rms_norm(residual, weight, eps)
+
+
+def qk_norm_rope_cache(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    cos_table: Tensor,
+    sin_table: Tensor,
+    positions: Tensor,
+    slots: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    eps: float,
+) -> Tensor:
+    """q [B, Hq*D], k/v [B, Hkv*D] of one token per row -> roped q [B, Hq, D]; K/V into the layer cache.
+
+    The same ops as `layers.DecoderBlock.forward`: per-head RMSNorm, rotate-half RoPE from the table rows
+    of `positions`, cache[slot, :, position] = k / v.
+    """
+    head_dim = k_cache.shape[-1]
+    batch = q.shape[0]
+    qh = layers.rms_norm(q.view(batch, -1, head_dim), q_norm, eps)
+    kh = layers.rms_norm(k.view(batch, -1, head_dim), k_norm, eps)
+    cos = cos_table[positions].unsqueeze(1)
+    sin = sin_table[positions].unsqueeze(1)
+    qh = layers.apply_rope(qh, cos, sin)
+    kh = layers.apply_rope(kh, cos, sin)
+    k_cache[slots, :, positions] = kh
+    v_cache[slots, :, positions] = v.view(batch, -1, head_dim)
+    return qh
+
+
+def decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, scale: float
+) -> Tensor:
+    """q [B, Hq, D] (position lengths-1) over each row's slot -> [B, Hq*D], via `layers.attention`."""
+    return layers.attention(
+        q.unsqueeze(1), k_cache[slots], v_cache[slots], (lengths - 1).unsqueeze(1), scale
+    )[:, 0]
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    return layers.swiglu(gate, up)
+
+
+def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    """bf16 weights: `layers.linear` (the model's own product). 8-bit: fp32 product of the stored codes,
+    times the channel scale, plus bias, rounded once to x's dtype (what the kernel computes)."""
+    if isinstance(weight, Tensor):
+        return layers.linear(x, weight, bias)
+    out = (x.float() @ weight.data.float().t()) * weight.scale
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def sample(
+    logits: Tensor,
+    uniforms: Tensor,
+    params: sampling.SamplingRows,
+    penalized: Tensor | None = None,
+    banned: Tensor | None = None,
+) -> Tensor:
+    """The engine's sampler, `sampling.sample_with_uniform`, unchanged."""
+    return sampling.sample_with_uniform(logits, uniforms, params, penalized, banned)
+
+
+def talker_bans(frames_generated: Tensor, vocab: int, eos_id: int) -> Tensor:
+    return sampling.talker_banned_tokens(frames_generated, vocab, eos_id)

@@ -1,0 +1,499 @@
+"""The 12 Hz speech decoder (codec codes -> 24 kHz waveform) as plain torch, one-shot and streaming.
+
+Pipeline (model.md §5): split RVQ lookup -> causal pre-conv -> sliding-window transformer -> two x2
+latent upsampling stages (transposed conv + ConvNeXt) -> waveform decoder (causal conv, four blocks of
+SnakeBeta + transposed conv + dilated residual units, SnakeBeta, causal conv to one channel) -> clamp.
+
+Every layer is causal, so a decoder that keeps the right left-context reproduces a full decode exactly.
+There is one code path for both uses: `forward(codes, state)` decodes the next frames of a batch of streams
+and updates their `CodecStreamState`; `decode` is that call on a fresh state with all frames at once. The
+state holds, per stream:
+
+- the RoPE'd keys and values of the last `sliding_window - 1` frames of each transformer layer (a query
+  sees itself plus 71 earlier frames), kept oldest first, with the absolute frame position deciding which
+  slots are real (slots before frame 0 are masked);
+- the last `(kernel - 1) * dilation` input samples of every causal conv (zeros at the start, which is
+  exactly the zero padding of the one-shot decode);
+- for every transposed conv with kernel `k = m * stride`, its last `m - 1` input frames. Together with the
+  new frames they recompute the overlap that the previous call could not finish (the official module trims
+  the last `k - stride` outputs); keeping inputs rather than partial output sums keeps the bias and the
+  summation order identical to the one-shot decode.
+
+RoPE positions are absolute frame indices (the one-shot decode starts at 0, like the official decoder), so
+streamed and one-shot attention see bit-identical rotations.
+
+Precision: the compute dtype is the dtype of the module's parameters: float32 by default (the engine's
+choice, since one PCM16 step is 3e-5), `module.to(torch.bfloat16)` to run like the official bf16 example.
+As in the official code, RMSNorm statistics, RoPE tables and the softmax use float32 and are cast back
+(float64 when the module is float64, which the tests use to check the streaming logic exactly). The
+waveform is returned in at least float32, because its consumer is PCM conversion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import SpeechDecoderConfig
+
+_CHECKPOINT_PREFIX = "decoder."
+_SNAKE_EPS = 1e-9
+_CODEBOOK_USAGE_MIN = 1e-5
+_CONVNEXT_LAYER_NORM_EPS = 1e-6
+
+
+@dataclass
+class CodecStreamState:
+    """Everything the decoder must remember between packets, for a batch of B independent streams.
+
+    `position[b]` is the absolute index of stream b's next frame. `keys`/`values` hold one tensor per
+    transformer layer, [B, kv_heads, sliding_window - 1, head_dim], oldest frame first. `history` maps the
+    module path of every causal conv / transposed conv to its left context, [B, channels, length].
+    """
+
+    position: Tensor
+    keys: list[Tensor]
+    values: list[Tensor]
+    history: dict[str, Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def cat(cls, states: list[CodecStreamState]) -> CodecStreamState:
+        """Stack several streams' states along the batch axis, e.g. to decode sessions together."""
+        return cls(
+            position=torch.cat([s.position for s in states]),
+            keys=[torch.cat(layer) for layer in zip(*(s.keys for s in states), strict=True)],
+            values=[torch.cat(layer) for layer in zip(*(s.values for s in states), strict=True)],
+            history={name: torch.cat([s.history[name] for s in states]) for name in states[0].history},
+        )
+
+    def select(self, index: int) -> CodecStreamState:
+        """Stream `index` of a batched state, as a batch of one (shares no storage with this state)."""
+        pick = slice(index, index + 1)
+        return CodecStreamState(
+            position=self.position[pick].clone(),
+            keys=[k[pick].clone() for k in self.keys],
+            values=[v[pick].clone() for v in self.values],
+            history={name: h[pick].clone() for name, h in self.history.items()},
+        )
+
+
+class _Streamed(nn.Module):
+    """A layer with left context in `CodecStreamState.history`, keyed by `state_key` (its module path)."""
+
+    state_key: str = ""
+
+    def context_shape(self) -> tuple[int, int]:
+        """(channels, length) of the left context this layer keeps."""
+        raise NotImplementedError
+
+
+class CausalConv1d(_Streamed):
+    """Conv1d with (kernel - 1) * dilation samples of left context and none on the right (stride 1)."""
+
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1
+    ):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.context = (kernel_size - 1) * dilation
+
+    def context_shape(self) -> tuple[int, int]:
+        return self.conv.in_channels, self.context
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        if self.context > 0:
+            x = torch.cat([state.history[self.state_key], x], dim=-1)
+            state.history[self.state_key] = x[..., x.shape[-1] - self.context :].clone()
+        return self.conv(x)
+
+
+class CausalConvTranspose1d(_Streamed):
+    """ConvTranspose1d whose last kernel - stride outputs are dropped, so n frames give n * stride samples.
+
+    Output block t depends on input frames t - m + 1 .. t (m = kernel / stride); the m - 1 earlier input
+    frames are the left context.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        if kernel_size % stride:
+            raise ValueError(f"kernel {kernel_size} must be a multiple of stride {stride}")
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.stride = stride
+        self.context = kernel_size // stride - 1
+
+    def context_shape(self) -> tuple[int, int]:
+        return self.conv.in_channels, self.context
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        frames = x.shape[-1]
+        if self.context > 0:
+            x = torch.cat([state.history[self.state_key], x], dim=-1)
+            state.history[self.state_key] = x[..., x.shape[-1] - self.context :].clone()
+        start = self.context * self.stride
+        return self.conv(x)[..., start : start + frames * self.stride]
+
+
+class SnakeBeta(nn.Module):
+    """x + sin²(x·e^alpha) / (e^beta + 1e-9), per channel; alpha and beta are stored as logs."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha = self.alpha.exp()[None, :, None]
+        beta = self.beta.exp()[None, :, None]
+        return x + (1.0 / (beta + _SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with float32 statistics, cast back before the weight multiply (as the official module)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        wide = x.to(_at_least_fp32(x.dtype))
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, size: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+class SlidingWindowAttention(nn.Module):
+    """Multi-head attention over the current frames plus the cached window; RoPE, no q/k norm, no bias."""
+
+    def __init__(self, config: SpeechDecoderConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, allowed: Tensor, state: CodecStreamState
+    ) -> Tensor:
+        """x [B, n, hidden]; cos/sin [B, 1, n, head_dim]; allowed [B, 1, n, window - 1 + n]."""
+        batch, frames, _ = x.shape
+        q = self.q_proj(x).view(batch, frames, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+
+        cached = state.keys[self.layer_index].shape[2]
+        k = torch.cat([state.keys[self.layer_index], k], dim=2)
+        v = torch.cat([state.values[self.layer_index], v], dim=2)
+        state.keys[self.layer_index] = k[:, :, k.shape[2] - cached :].clone()
+        state.values[self.layer_index] = v[:, :, v.shape[2] - cached :].clone()
+
+        group = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(2, 3)) * self.head_dim**-0.5
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=_at_least_fp32(q.dtype)).to(q.dtype)
+        out = (weights @ v).transpose(1, 2).reshape(batch, frames, self.num_heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: SpeechDecoderConfig, layer_index: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = SlidingWindowAttention(config, layer_index)
+        self.self_attn_layer_scale = LayerScale(config.hidden_size)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp_layer_scale = LayerScale(config.hidden_size)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, allowed: Tensor, state: CodecStreamState
+    ) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, allowed, state))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class PreTransformer(nn.Module):
+    """latent -> hidden, sliding-window transformer layers, final norm, hidden -> latent; [B, n, C]."""
+
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        self.window = config.sliding_window
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
+        self.layers = nn.ModuleList(TransformerLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin [B, 1, n, head_dim] for absolute positions [B, n]: float32 tables cast to `dtype`."""
+        wide = _at_least_fp32(dtype)
+        exponents = torch.arange(0, self.head_dim, 2, device=positions.device).to(wide)
+        inv_freq = 1.0 / (self.rope_theta ** (exponents / self.head_dim))
+        angles = positions.to(wide)[..., None] * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def attention_mask(self, first_position: Tensor, frames: int) -> Tensor:
+        """[B, 1, n, window - 1 + n]: key j is visible to query i if it is one of the `window` frames
+        ending at i and not before frame 0 (cache slots that were never filled)."""
+        cached = self.window - 1
+        query = torch.arange(frames, device=first_position.device)[:, None]
+        key = torch.arange(cached + frames, device=first_position.device)[None, :] - cached
+        in_window = (key <= query) & (key > query - self.window)
+        real = (first_position[:, None] + key) >= 0
+        return (in_window[None] & real[:, None, :])[:, None]
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        frames = x.shape[1]
+        positions = state.position[:, None] + torch.arange(frames, device=x.device)
+        cos, sin = self.rope(positions, x.dtype)
+        allowed = self.attention_mask(state.position, frames)
+        x = self.input_proj(x)
+        for layer in self.layers:
+            x = layer(x, cos, sin, allowed, state)
+        return self.output_proj(self.norm(x))
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv k=7, LayerNorm, Linear x4, exact GELU, Linear, gamma, residual."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel_size=7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=_CONVNEXT_LAYER_NORM_EPS)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class LatentUpsample(nn.ModuleList):
+    """Causal transposed conv (kernel = stride = ratio, so no overlap) then a ConvNeXt block."""
+
+    def __init__(self, dim: int, ratio: int):
+        super().__init__([CausalConvTranspose1d(dim, dim, ratio, ratio), ConvNeXtBlock(dim)])
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        upsample, convnext = self
+        return convnext(upsample(x, state), state)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        h = self.conv1(self.act1(x), state)
+        return x + self.conv2(self.act2(h), state)
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta, causal transposed conv (kernel 2r, stride r), residual units at dilations 1, 3, 9.
+
+    The layers sit in one ModuleList named `block` so that parameter names match the checkpoint.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int):
+        super().__init__()
+        units = [ResidualUnit(out_dim, dilation) for dilation in (1, 3, 9)]
+        self.block = nn.ModuleList(
+            [SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate), *units]
+        )
+
+    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+        activation, upsample, *units = self.block
+        x = upsample(activation(x), state)
+        for unit in units:
+            x = unit(x, state)
+        return x
+
+
+class SpeechDecoder(nn.Module):
+    """The codec decoder. Submodule paths mirror the checkpoint's `decoder.*` tensor names, except the RVQ,
+    which is stored as precomputed codebook vectors (`embedding_sum / clamp(cluster_usage, 1e-5)`)."""
+
+    first_codebook: Tensor
+    rest_codebooks: Tensor
+
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        self.config = config
+        rvq_dim = config.codebook_dim // 2
+        self.register_buffer("first_codebook", torch.zeros(config.codebook_size, rvq_dim))
+        self.register_buffer(
+            "rest_codebooks", torch.zeros(config.num_quantizers - 1, config.codebook_size, rvq_dim)
+        )
+        self.first_proj = nn.Linear(rvq_dim, config.codebook_dim, bias=False)
+        self.rest_proj = nn.Linear(rvq_dim, config.codebook_dim, bias=False)
+
+        self.pre_conv = CausalConv1d(config.codebook_dim, config.latent_dim, kernel_size=3)
+        self.pre_transformer = PreTransformer(config)
+        self.upsample = nn.ModuleList(
+            LatentUpsample(config.latent_dim, ratio) for ratio in config.upsampling_ratios
+        )
+        widths = [config.decoder_dim // 2**i for i in range(len(config.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [
+                CausalConv1d(config.latent_dim, widths[0], kernel_size=7),
+                *(
+                    DecoderBlock(widths[i], widths[i + 1], rate)
+                    for i, rate in enumerate(config.upsample_rates)
+                ),
+                SnakeBeta(widths[-1]),
+                CausalConv1d(widths[-1], 1, kernel_size=7),
+            ]
+        )
+        self.streamed_layers: list[_Streamed] = []
+        for name, module in self.named_modules():
+            if isinstance(module, _Streamed):
+                module.state_key = name
+                self.streamed_layers.append(module)
+        self.requires_grad_(False)
+
+    @classmethod
+    def from_tensors(cls, config: SpeechDecoderConfig, tensors: Mapping[str, Tensor]) -> SpeechDecoder:
+        """Build from the `decoder.*` tensors of speech_tokenizer/model.safetensors (real names, any dtype).
+
+        The module takes the tensors' dtype and device and shares their storage. The RVQ `input_proj` weights
+        belong to the encoding direction and are dropped; a missing or unexpected name raises.
+        """
+        own = {
+            name.removeprefix(_CHECKPOINT_PREFIX): tensor
+            for name, tensor in tensors.items()
+            if name.startswith(_CHECKPOINT_PREFIX)
+        }
+        if len(own) != len(tensors):
+            raise ValueError(f"speech decoder tensors must all start with {_CHECKPOINT_PREFIX!r}")
+        q = "quantizer.rvq_first."
+        r = "quantizer.rvq_rest."
+        del own[q + "input_proj.weight"], own[r + "input_proj.weight"]
+        first = _codebook_vectors(own, q + "vq.layers.0._codebook.")
+        rest = [
+            _codebook_vectors(own, f"{r}vq.layers.{i}._codebook.") for i in range(config.num_quantizers - 1)
+        ]
+        own["first_codebook"] = first
+        own["rest_codebooks"] = torch.stack(rest)
+        own["first_proj.weight"] = own.pop(q + "output_proj.weight").squeeze(-1)
+        own["rest_proj.weight"] = own.pop(r + "output_proj.weight").squeeze(-1)
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict(own, strict=True, assign=True)
+        return model.eval()
+
+    def new_stream_state(self, batch_size: int = 1) -> CodecStreamState:
+        """A state for `batch_size` streams that start at frame 0."""
+        weight = self.first_proj.weight
+        config = self.config
+        kv_shape = (batch_size, config.num_key_value_heads, config.sliding_window - 1, config.head_dim)
+        layers = range(config.num_hidden_layers)
+        return CodecStreamState(
+            position=torch.zeros(batch_size, dtype=torch.long, device=weight.device),
+            keys=[weight.new_zeros(kv_shape) for _ in layers],
+            values=[weight.new_zeros(kv_shape) for _ in layers],
+            history={
+                m.state_key: weight.new_zeros(batch_size, *m.context_shape()) for m in self.streamed_layers
+            },
+        )
+
+    @torch.no_grad()
+    def forward(self, codes: Tensor, state: CodecStreamState, clamp: bool = True) -> Tensor:
+        """Decode the next n frames of B streams: codes [B, num_quantizers, n] -> [B, n * hop].
+
+        Updates `state` in place (histories, caches, positions)."""
+        batch, quantizers, frames = codes.shape
+        if quantizers != self.config.num_quantizers:
+            raise ValueError(f"expected {self.config.num_quantizers} codebooks, got {quantizers}")
+        if frames == 0:
+            return torch.zeros(batch, 0, device=codes.device)
+
+        x = self.embed_codes(codes).transpose(1, 2)
+        x = self.pre_conv(x, state).transpose(1, 2)
+        x = self.pre_transformer(x, state).transpose(1, 2)
+        for stage in self.upsample:
+            x = stage(x, state)
+
+        first_conv, *blocks, final_activation, final_conv = self.decoder
+        x = first_conv(x, state)
+        for block in blocks:
+            x = block(x, state)
+        wave = final_conv(final_activation(x), state).squeeze(1)
+        wave = wave.to(_at_least_fp32(wave.dtype))
+        state.position = state.position + frames
+        return wave.clamp(-1.0, 1.0) if clamp else wave
+
+    def embed_codes(self, codes: Tensor) -> Tensor:
+        """Split RVQ: codebook 0 and the sum of codebooks 1.. get separate 1x1 projections; [B, n, C]."""
+        first = F.embedding(codes[:, 0], self.first_codebook)
+        rest = self.rest_codebooks[
+            torch.arange(codes.shape[1] - 1, device=codes.device)[:, None], codes[:, 1:]
+        ]
+        return self.first_proj(first) + self.rest_proj(rest.sum(dim=1))
+
+    def decode(self, codes: Tensor, clamp: bool = True) -> Tensor:
+        """One-shot (unchunked) decode: codes [B, num_quantizers, T] -> [B, T * hop]."""
+        return self(codes, self.new_stream_state(codes.shape[0]), clamp)
+
+    def decode_stream(self, codes: Tensor, state: CodecStreamState, clamp: bool = True) -> Tensor:
+        """Decode the next packet of one stream: codes [n, num_quantizers] -> [n * hop].
+
+        Concatenating the packets of any schedule equals `decode` of all frames."""
+        return self(codes.T[None], state, clamp)[0]
+
+
+def _codebook_vectors(tensors: dict[str, Tensor], prefix: str) -> Tensor:
+    """Pop one codebook's `embedding_sum` and `cluster_usage`; return its vectors (divided in >= fp32)."""
+    embedding_sum = tensors.pop(prefix + "embedding_sum")
+    usage = tensors.pop(prefix + "cluster_usage")
+    wide = _at_least_fp32(embedding_sum.dtype)
+    vectors = embedding_sum.to(wide) / usage.to(wide).clamp(min=_CODEBOOK_USAGE_MIN)[:, None]
+    return vectors.to(embedding_sum.dtype)

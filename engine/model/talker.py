@@ -1,0 +1,165 @@
+"""The talker: a Qwen3 decoder over text + codec embeddings that predicts codebook 0 of each frame.
+
+Built straight from the checkpoint's tensor names (`talker.model.*`, `talker.text_projection.*`,
+`talker.codec_head.*`). It also holds the 15 predictor codec tables
+(`talker.code_predictor.model.codec_embedding.{j}`), because the talker's per-frame input sums them
+(model.md §2.5); the tensors are shared with `CodePredictor`, not copied.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import VoiceDesignConfig
+from .layers import BlockShape, DecoderBlock, KVCache, Linear, RMSNorm, rope_cos_sin
+
+
+class PromptPlanLike(Protocol):
+    """The fields of `engine.prompt.PromptPlan` that the talker reads (docs/architecture.md)."""
+
+    @property
+    def instruct_ids(self) -> list[int]: ...
+    @property
+    def role_ids(self) -> list[int]: ...
+    @property
+    def text_ids(self) -> list[int]: ...
+    @property
+    def language_id(self) -> int | None: ...
+    @property
+    def text_mode(self) -> Literal["non_streaming", "streaming"]: ...
+
+
+class Talker(nn.Module):
+    rope_cos: Tensor  # [positions, head_dim] table, gathered per position (see rope_cos_sin)
+    rope_sin: Tensor
+
+    def __init__(self, config: VoiceDesignConfig, tensors: dict[str, Tensor]) -> None:
+        super().__init__()
+        self.config = config
+        tc = config.talker
+        self.shape = BlockShape(tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, tc.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderBlock(self.shape, tensors, f"talker.model.layers.{i}") for i in range(tc.num_hidden_layers)
+        )
+        self.norm = RMSNorm(tensors["talker.model.norm.weight"], tc.rms_norm_eps)
+        self.codec_head = Linear(tensors["talker.codec_head.weight"])
+        self.text_fc1 = Linear(
+            tensors["talker.text_projection.linear_fc1.weight"],
+            tensors["talker.text_projection.linear_fc1.bias"],
+        )
+        self.text_fc2 = Linear(
+            tensors["talker.text_projection.linear_fc2.weight"],
+            tensors["talker.text_projection.linear_fc2.bias"],
+        )
+        self.text_embedding = nn.Parameter(tensors["talker.model.text_embedding.weight"], requires_grad=False)
+        self.codec_embedding = nn.Parameter(
+            tensors["talker.model.codec_embedding.weight"], requires_grad=False
+        )
+        self.codebook_embeddings = nn.ParameterList(
+            nn.Parameter(
+                tensors[f"talker.code_predictor.model.codec_embedding.{j}.weight"], requires_grad=False
+            )
+            for j in range(tc.num_code_groups - 1)
+        )
+        weight = self.codec_head.weight
+        positions = torch.arange(tc.max_position_embeddings, device=weight.device)
+        cos, sin = rope_cos_sin(positions, tc.head_dim, tc.rope_theta, weight.dtype)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @classmethod
+    def from_tensors(cls, config: VoiceDesignConfig, tensors: dict[str, Tensor]) -> Talker:
+        return cls(config, tensors)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.codec_embedding.shape[1]
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        """A KV pool of `slots` sessions of up to `max_len` positions each."""
+        weight = self.codec_head.weight
+        return KVCache.allocate(
+            len(self.layers),
+            slots,
+            self.shape.kv_heads,
+            max_len,
+            self.shape.head_dim,
+            weight.dtype,
+            weight.device,
+        )
+
+    def text_embed(self, ids: Tensor) -> Tensor:
+        """T(x) = text_projection(text_embedding(x)) (model.md §2.4)."""
+        return self.text_fc2(F.silu(self.text_fc1(F.embedding(ids, self.text_embedding))))
+
+    def codec_embed(self, ids: Tensor) -> Tensor:
+        """C(x): the talker's codec-vocabulary table (codebook-0 codes and control ids)."""
+        return F.embedding(ids, self.codec_embedding)
+
+    def frame_embedding(self, codes: Tensor) -> Tensor:
+        """[B, 16] codes -> [B, H]: C(cb0) + sum_j E_j(cb_j), one stacked reduction like the reference."""
+        parts = [self.codec_embed(codes[:, 0])]
+        parts += [F.embedding(codes[:, j + 1], table) for j, table in enumerate(self.codebook_embeddings)]
+        return torch.stack(parts, dim=1).sum(dim=1)
+
+    def prompt_embeddings(self, plan: PromptPlanLike) -> tuple[Tensor, Tensor, Tensor]:
+        """(prefill_embeds [L, H], trailing_text_embeds [T, H], tts_pad_embed [H]) per model.md §2.4.
+
+        Layout: instruct (text only), role prefix (text only), codec prefix (tts_pad.. tts_bos + think /
+        language tags + codec_pad), then the text: all of it in the prompt for "non_streaming" (the
+        trailing stream is empty, so every step adds tts_pad), or only its first token for "streaming"
+        (the rest plus tts_eos is fed one element per frame).
+        """
+        if not plan.text_ids:
+            raise ValueError("the prompt plan has no text tokens")
+        cfg, tc = self.config, self.config.talker
+        device = self.codec_embedding.device
+
+        def ids(values: list[int]) -> Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        tts_bos, tts_eos, tts_pad = self.text_embed(
+            ids([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
+        )
+        if plan.language_id is None:
+            tags = [tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id]
+        else:
+            tags = [tc.codec_think_id, tc.codec_think_bos_id, plan.language_id, tc.codec_think_eos_id]
+        codec_prefix = self.codec_embed(ids([*tags, tc.codec_pad_id]))
+        text_side = torch.cat([tts_pad.expand(len(tags), -1), tts_bos.unsqueeze(0)])
+        segments = []
+        if plan.instruct_ids:
+            segments.append(self.text_embed(ids(plan.instruct_ids)))
+        segments.append(self.text_embed(ids(plan.role_ids)))
+        segments.append(text_side + codec_prefix)
+        text = self.text_embed(ids(plan.text_ids))
+        if plan.text_mode == "non_streaming":
+            pad = self.codec_embed(ids([tc.codec_pad_id]))
+            bos = self.codec_embed(ids([tc.codec_bos_id]))
+            segments.append(torch.cat([text, tts_eos.unsqueeze(0)]) + pad)
+            segments.append(tts_pad.unsqueeze(0) + bos)
+            trailing = text.new_zeros((0, text.shape[1]))
+        else:
+            segments.append(text[:1] + self.codec_embed(ids([tc.codec_bos_id])))
+            trailing = torch.cat([text[1:], tts_eos.unsqueeze(0)])
+        return torch.cat(segments), trailing, tts_pad
+
+    def forward(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+        """Run embeds [B, T, H] at positions [B, T] for the sessions in cache `slots` [B].
+
+        Writes their K/V into the cache and returns the post-norm hidden [B, T, H] (the tensor that feeds
+        both codec_head and the code predictor).
+        """
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        x = embeds
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, positions, cache.k[index], cache.v[index], slots)
+        return self.norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """codec_head in the model dtype, then fp32 (the sampler works on fp32 logits)."""
+        return self.codec_head(hidden).float()

@@ -1,0 +1,273 @@
+"""VoiceDesignEngine: sessions in, frames and PCM packets out (docs/architecture.md, "the frame loop").
+
+Frame accounting (model.md §2.6): `prefill` runs the prompt and produces frame 0; each `step` feeds a
+session's previous frame (+ its text-stream element) to the talker, samples the next cb0 and, unless it is
+EOS, completes the frame with the predictor. EOS ends a session with "stop" and yields no frame; the frame
+that brings a session to `max_frames` ends it with "length", so no talker step is wasted after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..audio import float_to_pcm16
+from ..config import VoiceDesignConfig, load_config
+from ..errors import EngineError, InvalidRequestError
+from ..model.codec import SpeechDecoder
+from ..model.predictor import CodePredictor
+from ..model.talker import PromptPlanLike, Talker
+from ..prompt import build_prompt_plan
+from ..snapshot import load_speech_decoder_tensors, load_voice_design_tensors
+from ..tokenizer import TextTokenizer
+from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
+from .sampling import SamplingRows
+from .session import Session
+from .step import FrameRows, decode_frames, prefill_frame
+
+
+class VoiceDesignEngine:
+    """Owns the weights, the talker KV pool (one slot per live session) and the speech decoder.
+
+    Not thread-safe: one engine thread calls it. The KV pool is [layers, max_sessions, kv_heads,
+    max_context, head_dim]; a session needs prompt length + max_frames - 1 positions.
+    """
+
+    def __init__(
+        self,
+        config: VoiceDesignConfig,
+        talker: Talker,
+        predictor: CodePredictor,
+        tokenizer: TextTokenizer | None = None,
+        decoder: SpeechDecoder | None = None,
+        max_sessions: int = 8,
+        max_context: int = 4096,
+    ) -> None:
+        self.config = config
+        self.talker = talker
+        self.predictor = predictor
+        self.tokenizer = tokenizer
+        self.decoder = decoder
+        self.max_sessions = max_sessions
+        self.max_context = max_context
+        self.device = talker.codec_embedding.device
+        self.cache = talker.new_cache(max_sessions, max_context)
+        self._free_slots = list(range(max_sessions))
+
+    @classmethod
+    def load(
+        cls,
+        snapshot_dir: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        codec_dtype: torch.dtype = torch.float32,
+        max_sessions: int = 8,
+        max_context: int = 4096,
+    ) -> VoiceDesignEngine:
+        """Load a snapshot: config, checked tensors, text tokenizer, talker, predictor, speech decoder."""
+        config = load_config(snapshot_dir)
+        tensors = load_voice_design_tensors(snapshot_dir, config, dtype, device)
+        decoder_tensors = load_speech_decoder_tensors(snapshot_dir, config, codec_dtype, device)
+        return cls(
+            config,
+            Talker.from_tensors(config, tensors),
+            CodePredictor.from_tensors(config, tensors),
+            tokenizer=TextTokenizer.from_snapshot(snapshot_dir),
+            decoder=SpeechDecoder.from_tensors(config.speech_decoder, decoder_tensors),
+            max_sessions=max_sessions,
+            max_context=max_context,
+        )
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def start_session(self, request: SynthesisRequest) -> Session:
+        """Validate and tokenize a request and give it a cache slot; InvalidRequestError on bad input."""
+        if self.tokenizer is None:
+            raise EngineError("this engine has no text tokenizer; use open_session with a prompt plan")
+        plan = build_prompt_plan(
+            self.tokenizer,
+            self.config,
+            request.text,
+            request.voice_description,
+            request.language,
+            request.text_mode,
+        )
+        return self.open_session(request, plan)
+
+    @torch.no_grad()
+    def open_session(self, request: SynthesisRequest, plan: PromptPlanLike) -> Session:
+        """`start_session` for an already tokenized prompt (parity tests drive the engine with token ids)."""
+        validate_request(request)
+        prompt, trailing, tts_pad = self.talker.prompt_embeddings(plan)
+        needed = prompt.shape[0] + request.max_frames - 1
+        if needed > self.max_context:
+            raise InvalidRequestError(
+                f"a prompt of {prompt.shape[0]} tokens with max_frames={request.max_frames} needs {needed} "
+                f"talker positions; this engine holds {self.max_context}"
+            )
+        if not self._free_slots:
+            raise EngineError(f"all {self.max_sessions} session slots are in use")
+        ts, ps = request.talker_sampling, request.predictor_sampling
+        return Session(
+            request=request,
+            plan=plan,
+            slot=self._free_slots.pop(0),
+            prompt=prompt,
+            prompt_length=prompt.shape[0],
+            trailing_text=trailing,
+            tts_pad=tts_pad,
+            talker_sampling=SamplingRows.single(
+                greedy=ts.greedy,
+                temperature=ts.temperature,
+                top_k=ts.top_k,
+                top_p=ts.top_p,
+                repetition_penalty=ts.repetition_penalty,
+                device=self.device,
+            ),
+            predictor_sampling=SamplingRows.single(
+                greedy=ps.greedy,
+                temperature=ps.temperature,
+                top_k=ps.top_k,
+                top_p=ps.top_p,
+                device=self.device,
+            ),
+            cb0_history=torch.zeros(self.config.talker.vocab_size, dtype=torch.bool, device=self.device),
+            generator=torch.Generator().manual_seed(request.seed),
+            codec_state=None if self.decoder is None else self.decoder.new_stream_state(),
+        )
+
+    @torch.no_grad()
+    def prefill(self, session: Session) -> FrameResult:
+        """Run the prompt, sample cb0 of frame 0 (EOS is banned there) and complete frame 0."""
+        if session.released or session.prompt is None:
+            raise EngineError("prefill needs a fresh session")
+        slot = torch.tensor([session.slot], device=self.device)
+        codes = prefill_frame(
+            self.talker, self.predictor, self.cache, session.prompt, slot, self._rows([session])
+        )
+        session.position = session.prompt_length
+        session.prompt = None
+        return self._advance([session], codes)[0]
+
+    @torch.no_grad()
+    def step(self, sessions: list[Session]) -> list[FrameResult]:
+        """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each."""
+        if not sessions:
+            return []
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise EngineError("a session appears twice in one step")
+        previous = []
+        for session in sessions:
+            if session.released or session.finished or session.last_codes is None:
+                raise EngineError("step needs prefilled, unfinished, unreleased sessions")
+            previous.append(session.last_codes)
+        text = torch.stack([s.text_element() for s in sessions])
+        positions = torch.tensor([s.position for s in sessions], device=self.device)
+        slots = torch.tensor([s.slot for s in sessions], device=self.device)
+        rows = self._rows(sessions)
+        codes = decode_frames(
+            self.talker, self.predictor, self.cache, torch.stack(previous), text, positions, slots, rows
+        )
+        for session in sessions:
+            session.position += 1
+        return self._advance(sessions, codes)
+
+    def decode_packet(self, session: Session, frames: Tensor) -> bytes:
+        """Frames [n, 16] -> PCM16 LE, continuing the session's codec stream."""
+        if self.decoder is None or session.codec_state is None:
+            raise EngineError("this engine has no speech decoder")
+        with torch.no_grad():
+            wave = self.decoder.decode_stream(frames.to(self.device), session.codec_state)
+        return float_to_pcm16(wave)
+
+    def release(self, session: Session) -> None:
+        """Free the session's cache slot (idempotent)."""
+        if session.released:
+            return
+        session.released = True
+        session.codec_state = None
+        self._free_slots.append(session.slot)
+
+    def synthesize(
+        self, request: SynthesisRequest, first_packet_frames: int = 1, packet_frames: int = 4
+    ) -> Iterator[AudioPacket]:
+        """Solo loop: packets of `first_packet_frames`, then up to `packet_frames` frames.
+
+        A full packet is held back until the next frame result says whether it is the last one, so every
+        packet has at least one frame and exactly the last one has `is_final`.
+        """
+        session = self.start_session(request)
+        try:
+            sequence = first_frame = 0
+            buffer: list[Tensor] = []
+            held: tuple[int, int, bytes] | None = None  # (first_frame, frame_count, pcm) of a full packet
+            result = self.prefill(session)
+            while True:
+                if result.codes is not None:
+                    if held is not None:
+                        yield AudioPacket(sequence, held[0], held[1], held[2], False, None)
+                        sequence, held = sequence + 1, None
+                    buffer.append(result.codes)
+                if result.finish_reason is not None:
+                    break
+                if len(buffer) == (first_packet_frames if sequence == 0 else packet_frames):
+                    held = (first_frame, len(buffer), self.decode_packet(session, torch.stack(buffer)))
+                    first_frame, buffer = first_frame + len(buffer), []
+                result = self.step([session])[0]
+            if buffer:
+                pcm = self.decode_packet(session, torch.stack(buffer))
+                yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
+            elif held is not None:
+                yield AudioPacket(sequence, held[0], held[1], held[2], True, result.finish_reason)
+        finally:
+            self.release(session)
+
+    def generate_codes(self, request: SynthesisRequest) -> Tensor:
+        """All frames of one request, solo: LongTensor[T, 16] (EOS excluded)."""
+        return self.run_to_end(self.start_session(request))
+
+    def run_to_end(self, session: Session) -> Tensor:
+        """Prefill and step one opened session alone until it ends, then release it: LongTensor[T, 16]."""
+        try:
+            frames: list[Tensor] = []
+            result = self.prefill(session)
+            while True:
+                if result.codes is not None:
+                    frames.append(result.codes)
+                if result.finish_reason is not None:
+                    break
+                result = self.step([session])[0]
+            return torch.stack(frames)
+        finally:
+            self.release(session)
+
+    def _rows(self, sessions: list[Session]) -> FrameRows:
+        return FrameRows(
+            uniforms=torch.stack([s.draw_uniforms() for s in sessions]).to(self.device),
+            cb0_history=torch.stack([s.cb0_history for s in sessions]),
+            frames_generated=torch.tensor([s.frames_emitted for s in sessions], device=self.device),
+            talker_sampling=SamplingRows.cat([s.talker_sampling for s in sessions]),
+            predictor_sampling=SamplingRows.cat([s.predictor_sampling for s in sessions]),
+        )
+
+    def _advance(self, sessions: list[Session], codes: Tensor) -> list[FrameResult]:
+        eos = self.config.talker.codec_eos_token_id
+        results = []
+        for session, frame in zip(sessions, codes.cpu(), strict=True):
+            cb0 = int(frame[0])
+            if cb0 == eos:
+                session.finish_reason = "stop"
+                results.append(FrameResult(None, "stop"))
+                continue
+            session.frames_emitted += 1
+            session.cb0_history[cb0] = True
+            session.last_codes = frame.to(self.device)
+            if session.frames_emitted >= session.request.max_frames:
+                session.finish_reason = "length"
+            results.append(FrameResult(frame, session.finish_reason))
+        return results

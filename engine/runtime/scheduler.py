@@ -1,0 +1,388 @@
+"""The engine thread: one worker owns the engine and advances every active request one frame per step.
+
+Each loop iteration (1) retires cancelled requests, (2) starts newly admitted ones and sends their first
+frame as a 1-frame packet ahead of everything else (first-frame priority: a newcomer never waits for the
+batch), then (3) runs one batched ``step`` over every session whose output queue has room. A session whose
+queue is full skips steps until its consumer drains it (backpressure), so a slow client slows only itself
+and the worker never blocks on I/O. Packets are decoded per request with the codec's stream state.
+
+Consumers (the HTTP layer, other threads) talk to the worker only through a ``RequestHandle``: ``poll``
+never blocks, ``cancel`` is idempotent, and a ``notify`` callback tells them when to poll again. Slots are
+freed by the worker alone, and a request's terminal event is queued only after its session is released,
+so "terminal event seen" means "slot free".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import torch
+
+from ..errors import InvalidRequestError
+from .request import AudioPacket, FinishReason, FrameResult, SynthesisRequest
+
+
+class FrameEngine(Protocol):
+    """The part of ``VoiceDesignEngine`` the scheduler drives (sessions are opaque to it)."""
+
+    def start_session(self, request: SynthesisRequest) -> Any: ...
+
+    def prefill(self, session: Any) -> FrameResult: ...
+
+    def step(self, sessions: list[Any]) -> list[FrameResult]: ...
+
+    def decode_packet(self, session: Any, frames: torch.Tensor) -> bytes: ...
+
+    def release(self, session: Any) -> None: ...
+
+
+class SchedulerFull(Exception):
+    """Every slot is taken; the caller should retry later."""
+
+
+class SchedulerClosed(Exception):
+    """The worker has stopped (shutdown or a fatal error); no request can start."""
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timings (microseconds from enqueue) and sizes, as in the seed's end part.
+
+    ``talker_gpu_microseconds`` / ``codec_gpu_microseconds`` are host wall time of the engine calls that
+    advanced this request (batch aggregate for batched steps); the device-bytes field is 0 because memory
+    is not attributed per request; ``peak_request_host_bytes`` is the most PCM this request held queued.
+    """
+
+    queue_microseconds: int = 0
+    prefill_microseconds: int = 0
+    first_codec_frame_microseconds: int = 0
+    first_audio_microseconds: int = 0
+    wall_microseconds: int = 0
+    generated_codec_frames: int = 0
+    emitted_samples: int = 0
+    emitted_packets: int = 0
+    talker_gpu_microseconds: float = 0.0
+    codec_gpu_microseconds: float = 0.0
+    peak_request_device_bytes: int = 0
+    peak_request_host_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Terminal: every packet was delivered and the session is released."""
+
+    finish_reason: FinishReason
+    metrics: RequestMetrics
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Terminal: the request ended without finishing (cancelled, invalid, engine error); slot released."""
+
+    code: str
+    detail: str
+
+
+Event = AudioPacket | Finished | Failed
+
+
+def _micros_since(start_ns: int) -> int:
+    return (time.perf_counter_ns() - start_ns) // 1000
+
+
+class RequestHandle:
+    """One request as its consumer sees it. All state is guarded by the scheduler's lock."""
+
+    def __init__(self, scheduler: Scheduler, request: SynthesisRequest, notify: Callable[[], None]) -> None:
+        self.request = request
+        self.enqueued_ns = time.perf_counter_ns()
+        self._scheduler = scheduler
+        self._notify = notify
+        self._outbox: deque[Event] = deque()
+        self._cancel: Failed | None = None
+        self._retired = False
+        self._finish_reason: FinishReason | None = None
+        self.metrics = RequestMetrics()
+
+    @property
+    def retired(self) -> bool:
+        with self._scheduler._lock:
+            return self._retired
+
+    def poll(self) -> Event | None:
+        """The next event, or None when nothing is ready yet (wait for ``notify``)."""
+        with self._scheduler._lock:
+            if not self._outbox:
+                return None
+            event = self._outbox.popleft()
+            if isinstance(event, AudioPacket):
+                if self.metrics.emitted_packets == 0:
+                    self.metrics.first_audio_microseconds = _micros_since(self.enqueued_ns)
+                self.metrics.emitted_packets += 1
+                self.metrics.emitted_samples += len(event.pcm) // 2
+                self._scheduler._wake.notify()
+            elif isinstance(event, Finished):
+                event = Finished(event.finish_reason, replace(self.metrics))
+            return event
+
+    def cancel(self, code: str = "request_cancelled", detail: str = "the request was cancelled") -> None:
+        """Ask the worker to stop this request; its terminal event will be ``Failed(code, detail)``."""
+        with self._scheduler._lock:
+            if self._retired or self._cancel is not None:
+                return
+            self._cancel = Failed(code, detail)
+            self._outbox = deque(e for e in self._outbox if not isinstance(e, AudioPacket))
+            self._scheduler._wake.notify()
+
+
+@dataclass
+class _Job:
+    """Worker-only state of an admitted request."""
+
+    handle: RequestHandle
+    session: Any
+    pending: list[torch.Tensor] = field(default_factory=list)
+    held: AudioPacket | None = None  # a decoded packet waiting to learn whether it is the final one
+    sequence: int = 0
+    next_frame: int = 0
+
+
+class Scheduler:
+    """Owns the engine thread; ``submit`` admits, handles stream the results."""
+
+    def __init__(
+        self,
+        engine: FrameEngine,
+        capacity: int,
+        *,
+        packet_frames: int = 4,
+        queue_packets: int = 3,
+    ) -> None:
+        if capacity < 1 or not 1 <= packet_frames <= 4 or queue_packets < 1:
+            raise ValueError("capacity >= 1, packet_frames 1..4 and queue_packets >= 1 are required")
+        self.engine = engine
+        self.capacity = capacity
+        self.packet_frames = packet_frames
+        self.queue_packets = queue_packets
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._incoming: list[RequestHandle] = []
+        self._active: list[_Job] = []
+        self._used = 0
+        self._closing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="qwen3-tts-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def used_slots(self) -> int:
+        with self._lock:
+            return self._used
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    def submit(self, request: SynthesisRequest, notify: Callable[[], None]) -> RequestHandle:
+        """Take a slot and queue the request; ``notify`` is called (from the worker) when events arrive."""
+        with self._lock:
+            if self._closing or self._closed:
+                raise SchedulerClosed("the engine worker has stopped")
+            if self._used >= self.capacity:
+                raise SchedulerFull(f"all {self.capacity} slots are busy")
+            handle = RequestHandle(self, request, notify)
+            self._used += 1
+            self._incoming.append(handle)
+            self._wake.notify()
+            return handle
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the worker; requests still running end with ``Failed("server_shutting_down")``."""
+        with self._lock:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    # -- worker -----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                admitted = self._wait_for_work()
+                if admitted is None:
+                    break
+                self._retire_cancelled()
+                for handle in admitted:
+                    self._admit(handle)
+                ready = self._ready_jobs()
+                if ready:
+                    self._step(ready)
+        finally:
+            self._fail_all("server_shutting_down", "the server is shutting down")
+
+    def _has_room(self, job: _Job) -> bool:
+        return len(job.handle._outbox) < self.queue_packets
+
+    def _wait_for_work(self) -> list[RequestHandle] | None:
+        with self._lock:
+            while not (
+                self._closing
+                or self._incoming
+                or any(job.handle._cancel is not None or self._has_room(job) for job in self._active)
+            ):
+                self._wake.wait()
+            if self._closing:
+                return None
+            admitted, self._incoming = self._incoming, []
+            return admitted
+
+    def _ready_jobs(self) -> list[_Job]:
+        with self._lock:
+            return [job for job in self._active if job.handle._cancel is None and self._has_room(job)]
+
+    def _retire_cancelled(self) -> None:
+        with self._lock:
+            cancelled = [job for job in self._active if job.handle._cancel is not None]
+        for job in cancelled:
+            self._retire(job, job.handle._cancel)
+
+    def _admit(self, handle: RequestHandle) -> None:
+        metrics = handle.metrics
+        started = time.perf_counter_ns()
+        metrics.queue_microseconds = (started - handle.enqueued_ns) // 1000
+        if handle._cancel is not None:
+            self._finish(handle, None, handle._cancel)
+            return
+        session = None
+        try:
+            session = self.engine.start_session(handle.request)
+            result = self.engine.prefill(session)
+        except InvalidRequestError as error:
+            self._finish(handle, session, Failed("invalid_request", str(error)))
+            return
+        except Exception as error:
+            self._finish(
+                handle, session, Failed("internal_error", f"engine start failed: {type(error).__name__}")
+            )
+            return
+        elapsed = (time.perf_counter_ns() - started) / 1000
+        metrics.prefill_microseconds = int(elapsed)
+        metrics.talker_gpu_microseconds += elapsed
+        job = _Job(handle, session)
+        self._active.append(job)
+        self._advance(job, result, target=1)
+
+    def _step(self, jobs: list[_Job]) -> None:
+        started = time.perf_counter_ns()
+        try:
+            results = self.engine.step([job.session for job in jobs])
+            if len(results) != len(jobs):
+                raise RuntimeError(f"step returned {len(results)} results for {len(jobs)} sessions")
+        except Exception as error:
+            for job in jobs:
+                self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
+            return
+        elapsed = (time.perf_counter_ns() - started) / 1000
+        for job, result in zip(jobs, results, strict=True):
+            job.handle.metrics.talker_gpu_microseconds += elapsed
+            try:
+                self._advance(job, result, target=self.packet_frames)
+            except Exception as error:
+                self._retire(job, Failed("internal_error", f"codec decode failed: {type(error).__name__}"))
+
+    def _advance(self, job: _Job, result: FrameResult, target: int) -> None:
+        """Group frames into packets; a full packet is held until the next result says if it is final."""
+        if result.codes is not None:
+            job.handle.metrics.generated_codec_frames += 1
+            if job.held is not None:
+                self._emit(job, job.held)
+                job.held = None
+            job.pending.append(result.codes)
+        if result.finish_reason is not None:
+            if job.pending:
+                job.held = self._decode(job)
+            if job.held is not None:
+                self._emit(job, replace(job.held, is_final=True, finish_reason=result.finish_reason))
+                job.held = None
+            self._retire(job, result.finish_reason)
+        elif len(job.pending) >= target:
+            packet = self._decode(job)
+            if target == 1 and job.sequence == 0:
+                self._emit(job, packet)  # EOS cannot follow frame 0, so the first packet goes out at once
+            else:
+                job.held = packet
+
+    def _decode(self, job: _Job) -> AudioPacket:
+        started = time.perf_counter_ns()
+        pcm = self.engine.decode_packet(job.session, torch.stack(job.pending))
+        job.handle.metrics.codec_gpu_microseconds += (time.perf_counter_ns() - started) / 1000
+        packet = AudioPacket(
+            sequence=job.sequence,
+            first_frame=job.next_frame,
+            frame_count=len(job.pending),
+            pcm=pcm,
+            is_final=False,
+            finish_reason=None,
+        )
+        job.sequence += 1
+        job.next_frame += len(job.pending)
+        job.pending = []
+        return packet
+
+    def _emit(self, job: _Job, packet: AudioPacket) -> None:
+        handle = job.handle
+        with self._lock:
+            if handle._cancel is not None:
+                return
+            handle._outbox.append(packet)
+            metrics = handle.metrics
+            if packet.sequence == 0:
+                metrics.first_codec_frame_microseconds = _micros_since(handle.enqueued_ns)
+            metrics.wall_microseconds = _micros_since(handle.enqueued_ns)
+            queued = sum(len(e.pcm) for e in handle._outbox if isinstance(e, AudioPacket))
+            metrics.peak_request_host_bytes = max(metrics.peak_request_host_bytes, queued)
+        handle._notify()
+
+    def _retire(self, job: _Job, outcome: FinishReason | Failed | None) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        self._finish(job.handle, job.session, outcome)
+
+    def _finish(self, handle: RequestHandle, session: Any, outcome: FinishReason | Failed | None) -> None:
+        """Release the session, then queue the terminal event: the slot is free before anyone hears of it."""
+        if session is not None:
+            try:
+                self.engine.release(session)
+            except Exception as error:
+                outcome = Failed("internal_error", f"engine release failed: {type(error).__name__}")
+        with self._lock:
+            if handle._cancel is not None:
+                outcome = handle._cancel
+            if isinstance(outcome, Failed):
+                handle._outbox = deque(e for e in handle._outbox if not isinstance(e, AudioPacket))
+                handle._outbox.append(outcome)
+            else:
+                handle._outbox.append(Finished(outcome or "stop", handle.metrics))
+            handle._retired = True
+            self._used -= 1
+        handle._notify()
+
+    def _fail_all(self, code: str, detail: str) -> None:
+        with self._lock:
+            self._closed = True
+            leftovers, self._incoming = self._incoming, []
+            for handle in leftovers:
+                if handle._cancel is None:
+                    handle._cancel = Failed(code, detail)
+        for job in list(self._active):
+            with self._lock:
+                if job.handle._cancel is None:
+                    job.handle._cancel = Failed(code, detail)
+            self._retire(job, None)
+        for handle in leftovers:
+            self._finish(handle, None, None)

@@ -1,0 +1,89 @@
+"""One lockstep frame for B sessions, as pure functions over tensors (no Session objects).
+
+This is the boundary that stays the same on CPU, on the GPU eagerly and inside a CUDA graph: every input
+is a per-row tensor, every shape depends on B only, and each row's arithmetic is independent of the other
+rows (see `model.layers.linear` and `model.layers.attention`), so a session's codes do not depend on which
+sessions share its batch.
+
+Per frame: the talker's post-norm hidden -> cb0 (uniform 0 of the row) -> the code predictor -> cb1..15
+(uniforms 1..15). Rows whose cb0 is EOS still run the predictor (fixed shapes); the caller drops them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model.layers import KVCache
+from ..model.predictor import CodePredictor
+from ..model.talker import Talker
+from .sampling import SamplingRows, sample_with_uniform, talker_banned_tokens
+
+UNIFORMS_PER_FRAME = 16
+"""Draws per frame, in this order: cb0, then cb1..cb15."""
+
+
+@dataclass(frozen=True)
+class FrameRows:
+    """Per-row sampling state of one batched frame.
+
+    uniforms [B, 16] float64; cb0_history [B, talker vocab] bool (every cb0 of the row so far);
+    frames_generated [B] int64 (cb0 tokens so far, for the EOS ban).
+    """
+
+    uniforms: Tensor
+    cb0_history: Tensor
+    frames_generated: Tensor
+    talker_sampling: SamplingRows
+    predictor_sampling: SamplingRows
+
+
+def complete_frames(talker: Talker, predictor: CodePredictor, hidden: Tensor, rows: FrameRows) -> Tensor:
+    """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (cb0 may be EOS)."""
+    tc = talker.config.talker
+    banned = talker_banned_tokens(rows.frames_generated, tc.vocab_size, tc.codec_eos_token_id)
+    cb0 = sample_with_uniform(
+        talker.logits(hidden), rows.uniforms[:, 0], rows.talker_sampling, rows.cb0_history, banned
+    )
+
+    def choose(logits: Tensor, group: int) -> Tensor:
+        return sample_with_uniform(logits, rows.uniforms[:, 1 + group], rows.predictor_sampling)
+
+    rest = predictor.generate(hidden, talker.codec_embed(cb0), choose)
+    return torch.cat([cb0.unsqueeze(1), rest], dim=1)
+
+
+def prefill_frame(
+    talker: Talker,
+    predictor: CodePredictor,
+    cache: KVCache,
+    prompt: Tensor,
+    slot: Tensor,
+    rows: FrameRows,
+) -> Tensor:
+    """Run one session's prompt [L, H] into cache slot `slot` [1] and produce frame 0: codes [1, 16]."""
+    positions = torch.arange(prompt.shape[0], device=prompt.device).unsqueeze(0)
+    hidden = talker(prompt.unsqueeze(0), positions, slot, cache)[:, -1]
+    return complete_frames(talker, predictor, hidden, rows)
+
+
+def decode_frames(
+    talker: Talker,
+    predictor: CodePredictor,
+    cache: KVCache,
+    previous_codes: Tensor,
+    text: Tensor,
+    positions: Tensor,
+    slots: Tensor,
+    rows: FrameRows,
+) -> Tensor:
+    """One talker token per row + the predictor: the next frame's codes [B, 16].
+
+    previous_codes [B, 16] is each row's last frame, text [B, H] its text-stream element for this step,
+    positions [B] the talker position of the new token, slots [B] the rows' cache slots.
+    """
+    embeds = talker.frame_embedding(previous_codes) + text
+    hidden = talker(embeds.unsqueeze(1), positions.unsqueeze(1), slots, cache)[:, 0]
+    return complete_frames(talker, predictor, hidden, rows)

@@ -1,0 +1,98 @@
+"""Run the app under uvicorn with the shutdown the contract asks for.
+
+uvicorn's own SIGTERM handling closes the listener at once, so new callers would see "connection refused"
+instead of a 503, and it re-raises the signal on exit. Here the first SIGTERM/SIGINT instead drains:
+admission answers 503 ``server_shutting_down``, running requests may finish for ``drain_timeout_s``, the rest
+are cancelled (their streams end with an error part), then uvicorn stops and the process exits 0. A second
+signal stops at once; a watchdog exits 124 if anything hangs past ``shutdown_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from types import FrameType
+
+import uvicorn
+
+from ..runtime.scheduler import FrameEngine
+from .app import EngineFactory, create_app
+from .routes import ServerState
+from .settings import ServerSettings
+
+logger = logging.getLogger("qwen3_tts.server")
+EXIT_WATCHDOG = 124
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first exit signal drains the engine before stopping."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self._loop is None or self.state.admissions is None:
+            self.force_exit = self._draining
+            self.should_exit = True
+            return
+        self._draining = True
+        settings = self.state.settings
+        logger.info("signal %d: draining (new requests get 503)", sig)
+        watchdog = threading.Timer(settings.shutdown_timeout_s, os._exit, args=(EXIT_WATCHDOG,))
+        watchdog.daemon = True
+        watchdog.start()
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        settings = self.state.settings
+        admissions = self.state.admissions
+        assert admissions is not None
+        remaining = settings.shutdown_timeout_s - settings.drain_timeout_s
+        await admissions.drain(settings.drain_timeout_s, min(settings.retirement_timeout_s, remaining / 2))
+        logger.info("drained; stopping")
+        self.should_exit = True
+
+
+def run(settings: ServerSettings, engine_factory: EngineFactory) -> int:
+    """Serve until a signal has drained the server; 0 on a clean stop."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s %(message)s")
+    app = create_app(settings, engine_factory)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, int((settings.shutdown_timeout_s - settings.drain_timeout_s) / 2)),
+    )
+    server = DrainingServer(config, app.state.server)
+    server.run()
+    return 0 if server.started else 1
+
+
+def load_engine(settings: ServerSettings) -> FrameEngine:
+    """The VoiceDesign engine for these settings: bfloat16 talker on CUDA, float32 on CPU, float32 codec."""
+    import torch
+
+    from ..demo import ensure_demo_checkpoint
+    from ..runtime.engine import VoiceDesignEngine
+
+    model = settings.model or ensure_demo_checkpoint()
+    dtype = torch.bfloat16 if settings.device.startswith("cuda") else torch.float32
+    return VoiceDesignEngine.load(
+        model, device=settings.device, dtype=dtype, max_sessions=settings.max_concurrent_requests
+    )

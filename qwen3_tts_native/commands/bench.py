@@ -1,0 +1,682 @@
+"""``qwen3-tts bench``: single-stream RTF and TTFA, aggregate RTF under concurrency, memory, a per-frame
+profile, and the same workload on the peers (faster-qwen3-tts, the official qwen-tts loop) in one run.
+
+Timing runs use a copy of the snapshot whose EOS row of ``talker.codec_head`` is zeroed, so every request
+yields exactly the frames asked for (as the peers appendix of shared/docs/peers.md did); compute is
+unchanged and the JSON says so. Parity runs (tests/device) use the unaltered snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+TEXT = (
+    "Ladies and gentlemen, I have just been informed that this speech is being generated faster than I can "
+    "speak it. The quick brown fox jumps over the lazy dog."
+)
+INSTRUCT = "A warm, calm female voice with a slight smile, speaking at a relaxed pace."
+FRAME_SECONDS = 0.08
+EOS_TENSOR = "talker.codec_head.weight"
+PEER_SCRIPTS = {"faster": "faster_qwen3_tts_peer.py", "official": "official_qwen_tts_peer.py"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure RTF, time to first audio, concurrency, memory and the peers on a snapshot (CUDA)",
+        description=(
+            "Benchmark the engine on a snapshot: single-stream RTF and TTFA (engine-side and over HTTP), "
+            "aggregate and per-stream RTF at several concurrencies, peak GPU memory, a profile of one frame, "
+            "and the peers on the same snapshot. Writes benchmarks/results/bench-<mode>-<commit>.json."
+        ),
+    )
+    parser.add_argument("--model", type=Path, required=True, metavar="DIR", help="snapshot directory")
+    parser.add_argument(
+        "--timing-model",
+        type=Path,
+        metavar="DIR",
+        help="EOS-free copy used for timing (default: made next to --model as <DIR>-noeos)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="exact,fast",
+        help="comma list of exact, fast, fast-fp8, eager (engine without graphs); peers run after the first",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=0.0, help="skip stages that start after S seconds (0: none)"
+    )
+    parser.add_argument("--frames", type=int, default=100, help="frames per single-stream synthesis")
+    parser.add_argument("--runs", type=int, default=3, help="timed single-stream syntheses")
+    parser.add_argument("--ttfa-runs", type=int, default=20, help="engine-side first-audio measurements")
+    parser.add_argument("--concurrency", default="1,3,6,16,64", help="comma list of concurrent streams")
+    parser.add_argument("--concurrency-frames", type=int, default=48, help="frames per stream under load")
+    parser.add_argument("--level-timeout-s", type=float, default=60.0, help="cut a concurrency level after S")
+    parser.add_argument("--max-context", type=int, default=512, help="talker positions per session")
+    parser.add_argument("--peers", default="faster,official", help="comma list of faster, official, or none")
+    parser.add_argument(
+        "--peer-pythonpath",
+        action="append",
+        default=[],
+        metavar="PEER=PATH",
+        help="PYTHONPATH for a peer's process, e.g. faster=/tmp/site_faster:/tmp/site_common",
+    )
+    parser.add_argument("--peer-frames", type=int, default=100)
+    parser.add_argument("--peer-timeout-s", type=float, default=240.0)
+    parser.add_argument(
+        "--http", action=argparse.BooleanOptionalAction, default=True, help="measure TTFA over HTTP"
+    )
+    parser.add_argument("--http-runs", type=int, default=10)
+    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--profile-dir", type=Path, help="write the per-frame profiles here (default: --out-dir)"
+    )
+    parser.set_defaults(handler=run)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values) if values else float("nan"),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "min": min(values) if values else float("nan"),
+        "max": max(values) if values else float("nan"),
+        "n": len(values),
+    }
+
+
+def zero_eos_copy(model: Path, target: Path, eos_id: int) -> Path:
+    """Copy a snapshot (hard links where possible) with row `eos_id` of talker.codec_head set to zero."""
+    if (target / ".eos-zeroed").exists():
+        return target
+    if target.exists():
+        shutil.rmtree(target)
+    for source in model.rglob("*"):
+        destination = target / source.relative_to(model)
+        if source.is_dir():
+            destination.mkdir(parents=True, exist_ok=True)
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if source == model / "model.safetensors":
+            shutil.copyfile(source, destination)
+        else:
+            try:
+                os.link(source, destination)
+            except OSError:
+                shutil.copyfile(source, destination)
+    path = target / "model.safetensors"
+    with path.open("r+b") as handle:
+        header_len = struct.unpack("<Q", handle.read(8))[0]
+        header = json.loads(handle.read(header_len))
+        entry = header[EOS_TENSOR]
+        if entry["dtype"] != "BF16":
+            raise ValueError(f"{EOS_TENSOR} is {entry['dtype']}, expected BF16")
+        row_bytes = entry["shape"][1] * 2
+        handle.seek(8 + header_len + entry["data_offsets"][0] + eos_id * row_bytes)
+        handle.write(b"\0" * row_bytes)
+    (target / ".eos-zeroed").write_text(f"{EOS_TENSOR} row {eos_id} zeroed\n")
+    return target
+
+
+def system_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        info["driver"], _, info["gpu_memory"] = (part.strip() for part in out.split(",", 2))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        info["driver"] = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10
+        ).stdout
+        info["commit"] = commit + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = "unknown"
+    return info
+
+
+@contextmanager
+def stage(log: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    print(f"[bench] {name} ...", flush=True)
+    try:
+        yield
+    finally:
+        log[name] = round(time.perf_counter() - start, 2)
+        print(f"[bench] {name}: {log[name]:.1f} s", flush=True)
+
+
+# --------------------------------------------------------------------------------------- engine workload
+def make_request(frames: int, seed: int) -> Any:
+    from ..engine.runtime.request import SynthesisRequest
+
+    return SynthesisRequest(TEXT, INSTRUCT, language="english", seed=seed, max_frames=frames)
+
+
+def measure_ttfa(engine: Any, runs: int) -> dict[str, float]:
+    values = []
+    for index in range(runs + 1):
+        start = time.perf_counter()
+        packets = engine.synthesize(make_request(16, seed=index))
+        next(packets)
+        values.append((time.perf_counter() - start) * 1000)
+        packets.close()
+    return summarize(values[1:])
+
+
+def measure_single(engine: Any, frames: int, runs: int) -> dict[str, Any]:
+    import torch
+
+    rtfs, loop_rtfs, produced = [], [], 0
+    for index in range(runs):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        produced = sum(p.frame_count for p in engine.synthesize(make_request(frames, seed=100 + index)))
+        rtfs.append((time.perf_counter() - start) / (produced * FRAME_SECONDS))
+        start = time.perf_counter()
+        codes = engine.generate_codes(make_request(frames, seed=200 + index))
+        loop_rtfs.append((time.perf_counter() - start) / (codes.shape[0] * FRAME_SECONDS))
+    return {"frames": produced, "rtf": summarize(rtfs), "frame_loop_rtf": summarize(loop_rtfs)}
+
+
+def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> dict[str, Any]:
+    """Lockstep: all streams arrive at t0, are prefilled in turn, then stepped together; 1-frame first
+    packet, then 4-frame packets, decoded per session. Per-stream RTF counts from t0."""
+    import torch
+
+    sessions = [engine.start_session(make_request(frames, seed=1000 + i)) for i in range(streams)]
+    buffers: dict[int, list[Any]] = {i: [] for i in range(streams)}
+    packets = dict.fromkeys(range(streams), 0)
+    audio = dict.fromkeys(range(streams), 0)
+    finished_at: dict[int, float] = {}
+    codec_s = 0.0
+    start = time.perf_counter()
+    deadline = start + timeout_s
+
+    def flush(index: int, final: bool) -> None:
+        nonlocal codec_s
+        want = 1 if packets[index] == 0 else 4
+        if buffers[index] and (final or len(buffers[index]) >= want):
+            t = time.perf_counter()
+            engine.decode_packet(sessions[index], torch.stack(buffers[index]))
+            codec_s += time.perf_counter() - t
+            audio[index] += len(buffers[index])
+            packets[index] += 1
+            buffers[index] = []
+        if final:
+            finished_at[index] = time.perf_counter()
+
+    truncated = False
+    try:
+        active: list[int] = []
+        for index, session in enumerate(sessions):
+            result = engine.prefill(session)
+            if result.codes is not None:
+                buffers[index].append(result.codes)
+            flush(index, result.finish_reason is not None)
+            if result.finish_reason is None:
+                active.append(index)
+        steps = 0
+        while active:
+            if time.perf_counter() > deadline:
+                truncated = True
+                break
+            results = engine.step([sessions[i] for i in active])
+            steps += 1
+            still = []
+            for index, result in zip(active, results, strict=True):
+                if result.codes is not None:
+                    buffers[index].append(result.codes)
+                done = result.finish_reason is not None
+                flush(index, done)
+                if not done:
+                    still.append(index)
+            active = still
+    finally:
+        for session in sessions:
+            engine.release(session)
+    wall = time.perf_counter() - start
+    total_audio = sum(audio.values()) * FRAME_SECONDS
+    per_stream = [
+        (finished_at.get(i, time.perf_counter()) - start) / max(audio[i] * FRAME_SECONDS, 1e-9)
+        for i in range(streams)
+    ]
+    return {
+        "streams": streams,
+        "frames_per_stream": frames,
+        "wall_s": wall,
+        "audio_s": total_audio,
+        "aggregate_rtf": wall / total_audio if total_audio else None,
+        "per_stream_rtf": summarize(per_stream),
+        "worst_stream_rtf": max(per_stream),
+        "codec_s": codec_s,
+        "steps": steps,
+        "truncated": truncated,
+    }
+
+
+def weight_bytes_per_frame(engine: Any, backend: Any) -> int:
+    """Bytes a frame must stream at batch 1: talker blocks + codec_head once, the predictor 15 times."""
+    from ..engine.kernels.reference import QuantizedWeight
+
+    def size(weight: Any) -> int:
+        if isinstance(weight, QuantizedWeight):
+            return weight.data.numel() * weight.data.element_size() + weight.scale.numel() * 4
+        return int(weight.numel() * weight.element_size())
+
+    fast = getattr(backend, "fast", None)
+    if fast is not None:
+
+        def block(b: Any) -> int:
+            return sum(size(w) for w in (b.qkv, b.o, b.gate_up, b.down))
+
+        talker = sum(block(b) for b in fast.talker_blocks) + size(fast.codec_head)
+        per_step = sum(block(b) for b in fast.predictor_blocks) + size(fast.projection) + size(fast.heads[0])
+        return talker + 15 * per_step
+    talker = sum(size(p) for p in engine.talker.layers.parameters()) + size(engine.talker.codec_head.weight)
+    predictor = engine.predictor
+    per_step = (
+        sum(size(p) for p in predictor.layers.parameters())
+        + size(predictor.projection.weight)
+        + size(predictor.heads[0].weight)
+    )
+    return talker + 15 * per_step
+
+
+def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[str, Any]:
+    """torch.profiler over one batched step at `streams` sessions: top kernels, kernel count, GB/s."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sessions = [engine.start_session(make_request(64, seed=5000 + i)) for i in range(streams)]
+    try:
+        for session in sessions:
+            engine.prefill(session)
+        for _ in range(3):
+            engine.step(sessions)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            engine.step(sessions)
+        torch.cuda.synchronize()
+        frame_s = (time.perf_counter() - start) / 5
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine.step(sessions)
+            torch.cuda.synchronize()
+    finally:
+        for session in sessions:
+            engine.release(session)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.device_time for e in kernels) if kernels and hasattr(kernels[0], "device_time") else None
+    weights = weight_bytes_per_frame(engine, backend)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    summary = {
+        "streams": streams,
+        "frame_ms": frame_s * 1000,
+        "kernels_per_frame": len(kernels),
+        "gpu_busy_ms": None if gpu_us is None else gpu_us / 1000,
+        "weight_bytes_per_frame": weights,
+        "achieved_weight_gbps": weights / frame_s / 1e9,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"# one batched frame (engine.step) at {streams} stream(s)\n"
+        f"{json.dumps(summary, indent=2)}\n\n{table}\n"
+    )
+    return summary
+
+
+def codec_error(engine: Any, decoder_bf16: Any, frames: int = 48) -> dict[str, float]:
+    """Waveform error of the streamed (1 then 4-frame packets) bf16 and fp32 decodes against the fp32
+    one-shot decode of the same codes."""
+    import torch
+
+    codes = engine.generate_codes(make_request(frames, seed=77)).to(engine.device)
+    with torch.no_grad():
+        reference = engine.decoder.decode(codes.T.unsqueeze(0))[0].float()
+        out: dict[str, float] = {}
+        for name, decoder in (("fp32", engine.decoder), ("bf16", decoder_bf16)):
+            state = decoder.new_stream_state()
+            pieces, start = [], 0
+            for size in [1] + [4] * frames:
+                if start >= codes.shape[0]:
+                    break
+                pieces.append(decoder.decode_stream(codes[start : start + size], state).float())
+                start += size
+            wave = torch.cat(pieces)
+            error = wave - reference
+            out[f"{name}_max_abs"] = float(error.abs().max())
+            out[f"{name}_snr_db"] = float(
+                10 * torch.log10(reference.pow(2).sum() / error.pow(2).sum().clamp_min(1e-30))
+            )
+    return out
+
+
+def bench_mode(
+    name: str, load_engine: Callable[[int, Any], Any], args: argparse.Namespace, profile_dir: Path
+) -> dict[str, Any]:
+    import torch
+
+    from ..engine.runtime import graphs
+    from ..engine.runtime.modes import resolve_mode
+
+    mode = resolve_mode("fast") if name.startswith("fast") else resolve_mode("exact")
+    if name == "fast-fp8":
+        mode = replace(mode, weights="fp8")
+    eager = name == "eager"
+    result: dict[str, Any] = {"mode": name, "weights": mode.weights, "codec_dtype": str(mode.codec_dtype)}
+    timings: dict[str, float] = {}
+    result["stage_s"] = timings
+
+    def attach(engine: Any) -> tuple[Any, Callable[[], None]]:
+        if eager:
+            return None, lambda: None
+        backend = graphs.GraphFrameBackend(engine.talker, engine.predictor, mode)
+        return backend, graphs.install(engine, backend)
+
+    with stage(timings, f"{name}: one stream"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        engine = load_engine(1, mode.codec_dtype)
+        backend, undo = attach(engine)
+        try:
+            list(engine.synthesize(make_request(8, seed=0)))  # captures bucket 1 and the prefill graph
+            result["ttfa_ms"] = measure_ttfa(engine, args.ttfa_runs)
+            result["single"] = measure_single(engine, args.frames, args.runs)
+            result["peak_gpu_memory_bytes_b1"] = torch.cuda.max_memory_allocated()
+            result["profile_b1"] = profile_frame(engine, backend, 1, profile_dir / f"profile-{name}-b1.txt")
+        finally:
+            undo()
+        engine = backend = None
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    with stage(timings, f"{name}: concurrency"):
+        torch.cuda.empty_cache()
+        engine = load_engine(max(levels), mode.codec_dtype)
+        backend, undo = attach(engine)
+        try:
+            result["concurrency"] = {}
+            for streams in levels:
+                run_concurrent(
+                    engine, streams, 2, args.level_timeout_s
+                )  # capture this bucket, warm the codec
+                level = run_concurrent(engine, streams, args.concurrency_frames, args.level_timeout_s)
+                result["concurrency"][str(streams)] = level
+                print(
+                    f"[bench] {name}: {streams} streams -> aggregate RTF {level['aggregate_rtf']}", flush=True
+                )
+            top = max(levels)
+            result[f"profile_b{top}"] = profile_frame(
+                engine, backend, top, profile_dir / f"profile-{name}-b{top}.txt"
+            )
+        finally:
+            undo()
+    return result
+
+
+# ------------------------------------------------------------------------------------------ peers, HTTP
+def run_peer(peer: str, args: argparse.Namespace, model: Path, out_dir: Path) -> dict[str, Any]:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / PEER_SCRIPTS[peer]
+    out = out_dir / f"peer-{peer}.json"
+    env = dict(os.environ)
+    for item in args.peer_pythonpath:
+        key, _, value = item.partition("=")
+        if key == peer:
+            env["PYTHONPATH"] = value
+    command = [
+        sys.executable,
+        str(script),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--frames",
+        str(args.peer_frames),
+    ]
+    try:
+        proc = subprocess.run(command, env=env, timeout=args.peer_timeout_s, capture_output=True, text=True)
+        (out_dir / f"peer-{peer}.log").write_text(proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired:
+        return {"peer": peer, "error": f"timed out after {args.peer_timeout_s} s"}
+    if not out.exists():
+        return {"peer": peer, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    record: dict[str, Any] = json.loads(out.read_text())
+    return record
+
+
+def http_ttfa(model: Path, runs: int, port: int = 18089) -> dict[str, Any]:
+    """Start `qwen3-tts serve` on loopback and time the first PCM byte of streamed requests."""
+    import httpx
+
+    env = dict(os.environ, QWEN3_TTS_LOG_LEVEL="warning")
+    command = [
+        sys.executable,
+        "-m",
+        "qwen3_tts_native",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--device",
+        "cuda",
+        "--max-concurrent-requests",
+        "2",
+    ]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if server.poll() is not None:
+                log = server.stderr.read() if server.stderr else ""
+                return {"error": f"server exited {server.returncode}: {log[-2000:]}"}
+            try:
+                if httpx.get(f"{base}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            return {"error": "server not ready in 180 s"}
+        body = {
+            "text": TEXT,
+            "voice_description": INSTRUCT,
+            "language": "english",
+            "stream": True,
+            "output_format": "pcm_s16le",
+            "max_duration_seconds": 2.0,
+        }
+        values = []
+        with httpx.Client(timeout=60) as client:
+            for _ in range(runs + 1):
+                start = time.perf_counter()
+                with client.stream("POST", f"{base}/v1/voice-design/speech", json=body) as response:
+                    if response.status_code != 200:
+                        return {"error": f"HTTP {response.status_code}: {response.read()[:500]!r}"}
+                    seen = b""
+                    multipart = "multipart" in response.headers.get("content-type", "")
+                    first: float | None = None
+                    for chunk in response.iter_bytes():
+                        seen += chunk
+                        if first is None:
+                            head_end = seen.find(b"\r\n\r\n")
+                            if not multipart or (head_end >= 0 and len(seen) > head_end + 4):
+                                first = time.perf_counter()
+                values.append(((first or time.perf_counter()) - start) * 1000)
+        return {
+            "ttfa_ms": summarize(values[1:]),
+            "note": "first PCM byte of a streamed request, loopback, eager engine",
+        }
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+# ------------------------------------------------------------------------------------------------ main
+def build_summary(result: dict[str, Any], mode: str) -> dict[str, Any]:
+    m = result["modes"].get(mode, {})
+    conc = m.get("concurrency", {})
+    peers = {
+        name: {k: rec.get(k) for k in ("single_stream_rtf", "ttfa_ms", "error") if rec.get(k) is not None}
+        for name, rec in result.get("peers", {}).items()
+    }
+    return {
+        "mode": mode,
+        "gpu": result["system"].get("gpu"),
+        "single_stream_rtf": m.get("single", {}).get("rtf", {}).get("median"),
+        "ttfa_p50_ms": m.get("ttfa_ms", {}).get("p50"),
+        "ttfa_p95_ms": m.get("ttfa_ms", {}).get("p95"),
+        "http_ttfa_p50_ms": result.get("http", {}).get("ttfa_ms", {}).get("p50"),
+        "aggregate_rtf": {k: v.get("aggregate_rtf") for k, v in conc.items()},
+        "worst_stream_rtf": {k: v.get("worst_stream_rtf") for k, v in conc.items()},
+        "peak_gpu_memory_bytes_b1": m.get("peak_gpu_memory_bytes_b1"),
+        "peers": peers,
+    }
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    def fmt(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    print(f"\n== {summary['mode']} on {summary['gpu']}")
+    print(
+        f"single-stream RTF {fmt(summary['single_stream_rtf'])}   TTFA p50/p95 {fmt(summary['ttfa_p50_ms'])}/"
+        f"{fmt(summary['ttfa_p95_ms'])} ms   HTTP TTFA p50 {fmt(summary['http_ttfa_p50_ms'])} ms   "
+        f"peak mem b1 {summary['peak_gpu_memory_bytes_b1']}"
+    )
+    for streams, agg in summary["aggregate_rtf"].items():
+        print(
+            f"  {streams:>3} streams: aggregate RTF {fmt(agg)}  "
+            f"worst stream RTF {fmt(summary['worst_stream_rtf'][streams])}"
+        )
+    for name, peer in summary["peers"].items():
+        print(f"  peer {name}: {peer}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..engine.config import load_config
+    from ..engine.runtime.engine import VoiceDesignEngine
+
+    if not torch.cuda.is_available():
+        print("qwen3-tts bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    stages: dict[str, float] = {}
+    result: dict[str, Any] = {"system": system_info(), "stage_s": stages, "modes": {}, "peers": {}}
+    config = load_config(args.model)
+    eos = config.talker.codec_eos_token_id
+    with stage(stages, "eos-free copy"):
+        timing_model = args.timing_model or zero_eos_copy(
+            args.model, args.model.with_name(args.model.name + "-noeos"), eos
+        )
+    result["workload"] = {
+        "snapshot": str(args.model),
+        "timing_snapshot": str(timing_model),
+        "eos_row_zeroed": f"{EOS_TENSOR}[{eos}] = 0 in the timing copy: runs yield the frames asked for",
+        "text": TEXT,
+        "voice_description": INSTRUCT,
+        "language": "english",
+        "sampling": "generation_config defaults (temperature 0.9, top-k 50, repetition penalty 1.05)",
+        "frames": args.frames,
+        "concurrency_frames": args.concurrency_frames,
+        "packets": "1 frame first, then 4",
+        "max_context": args.max_context,
+    }
+    with stage(stages, "load weights"):
+        base = VoiceDesignEngine.load(
+            timing_model,
+            device="cuda",
+            dtype=torch.bfloat16,
+            codec_dtype=torch.float32,
+            max_sessions=1,
+            max_context=args.max_context,
+        )
+    decoders: dict[Any, Any] = {torch.float32: base.decoder}
+
+    def load_engine(sessions: int, codec_dtype: Any = torch.float32) -> Any:
+        """An engine of `sessions` slots over the loaded weights (KV pool sized per run, weights shared)."""
+        import copy
+
+        if codec_dtype not in decoders:
+            decoders[codec_dtype] = copy.deepcopy(decoders[torch.float32]).to(codec_dtype)
+        return VoiceDesignEngine(
+            base.config,
+            base.talker,
+            base.predictor,
+            tokenizer=base.tokenizer,
+            decoder=decoders[codec_dtype],
+            max_sessions=sessions,
+            max_context=args.max_context,
+        )
+
+    profile_dir = args.profile_dir or args.out_dir
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        try:
+            result["modes"][mode] = bench_mode(mode, load_engine, args, profile_dir)
+        except Exception as error:  # keep the other modes' figures; the JSON says what failed
+            import traceback
+
+            result["modes"][mode] = {
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": traceback.format_exc(),
+            }
+            print(f"[bench] {mode} failed: {error}", file=sys.stderr)
+    with stage(stages, "codec error"):
+        result["codec_waveform_error"] = codec_error(load_engine(1), load_engine(1, torch.bfloat16).decoder)
+    torch.cuda.empty_cache()
+    for peer in [p for p in args.peers.split(",") if p and p != "none"]:
+        with stage(stages, f"peer {peer}"):
+            result["peers"][peer] = run_peer(peer, args, timing_model, args.out_dir)
+    if args.http:
+        with stage(stages, "http ttfa"):
+            result["http"] = http_ttfa(timing_model, args.http_runs)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    commit = result["system"]["commit"]
+    for mode in modes:
+        record = dict(result, summary=build_summary(result, mode), mode=mode)
+        path = args.out_dir / f"bench-{mode}-{commit}.json"
+        path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+        print_table(record["summary"])
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,118 @@
+"""Each CUDA kernel against its torch reference (engine/kernels/reference.py) on fresh random inputs.
+
+Tolerances, per op:
+- silu_mul: bit-identical (same fp32 expression and bf16 roundings as ATen).
+- rms_norm, add_rms_norm_ (residual exact), qk_norm_rope_cache (v exact): at most 1 bf16 ulp apart
+  (only the fp32 sum of squares is reduced in another order), and >= 99% of elements identical.
+- decode_attention: relative L2 <= 1e-2 (the kernel keeps scores and probabilities in fp32; the
+  reference rounds both to bf16).
+- linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
+  against the fp32 product of the stored codes (reference.linear).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen3_tts_native.engine.kernels import ops, reference
+from qwen3_tts_native.engine.model import layers
+
+BF16 = torch.bfloat16
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def ulp_close(a: torch.Tensor, b: torch.Tensor, identical: float = 0.99) -> None:
+    """At most one bf16 ulp apart everywhere, and mostly identical."""
+    assert a.dtype == b.dtype == BF16 and a.shape == b.shape
+    ai = a.contiguous().view(torch.int16).int()
+    bi = b.contiguous().view(torch.int16).int()
+    assert not torch.isnan(a.float()).any()
+    assert int((ai - bi).abs().max()) <= 1, "more than one bf16 ulp apart"
+    assert float((ai == bi).float().mean()) >= identical
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 2048), (64, 2048), (33, 1024), (7, 512)])
+def test_rms_norm(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyped-def]
+    x = torch.randn(rows, hidden, device="cuda", dtype=BF16) * 3
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(BF16)
+    ulp_close(ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
+    residual = torch.randn_like(x)
+    r_kernel, r_ref = residual.clone(), residual.clone()
+    out = ops.add_rms_norm_(x, r_kernel, w, 1e-6)
+    expected = reference.add_rms_norm_(x, r_ref, w, 1e-6)
+    assert torch.equal(r_kernel, r_ref)
+    ulp_close(out, expected)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 16, 8, 128), (64, 16, 8, 128), (5, 16, 16, 64)])
+def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int) -> None:  # type: ignore[no-untyped-def]
+    slots_total, max_len = batch + 3, 300
+    qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
+    qn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
+    kn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
+    cos, sin = layers.rope_cos_sin(torch.arange(max_len, device="cuda"), dim, 1e6, BF16)
+    positions = torch.randint(0, max_len, (batch,), device="cuda")
+    slots = torch.randperm(slots_total, device="cuda")[:batch]
+    poison = torch.full((slots_total, kv_heads, max_len, dim), float("nan"), device="cuda", dtype=BF16)
+    k1, v1, k2, v2 = poison.clone(), poison.clone(), poison.clone(), poison.clone()
+    q_kernel = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6)
+    q_ref = reference.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
+    ulp_close(q_kernel, q_ref)
+    written_k1, written_k2 = k1[slots, :, positions], k2[slots, :, positions]
+    ulp_close(written_k1, written_k2)
+    assert torch.equal(v1[slots, :, positions], v2[slots, :, positions])
+    untouched = torch.ones(slots_total, max_len, dtype=torch.bool, device="cuda")
+    untouched[slots, positions] = False
+    assert torch.isnan(k1.float().permute(0, 2, 1, 3)[untouched]).all()
+
+
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,dim,max_len",
+    [(1, 16, 8, 128, 2048), (64, 16, 8, 128, 512), (8, 16, 8, 128, 16), (4, 16, 16, 64, 72)],
+)
+def test_decode_attention(ext, batch: int, heads: int, kv_heads: int, dim: int, max_len: int) -> None:  # type: ignore[no-untyped-def]
+    slots_total = batch + 2
+    k_cache = torch.randn(slots_total, kv_heads, max_len, dim, device="cuda", dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=BF16) * 2
+    slots = torch.randperm(slots_total, device="cuda")[:batch]
+    lengths = torch.randint(1, max_len + 1, (batch,), device="cuda")
+    lengths[0] = max_len
+    out = ops.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5)
+    expected = reference.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5)
+    assert not torch.isnan(out.float()).any()
+    assert rel(out, expected) <= 1e-2
+    exact = reference.decode_attention(
+        q.double(), k_cache.double(), v_cache.double(), slots, lengths, dim**-0.5
+    )
+    assert (
+        rel(out, exact) <= rel(expected, exact) * 1.5 + 1e-3
+    )  # at least as close to float64 as the reference
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 6144), (64, 6144), (17, 3072)])
+def test_silu_mul_bit_identical(ext, rows: int, cols: int) -> None:  # type: ignore[no-untyped-def]
+    gate_up = torch.randn(rows, 2 * cols, device="cuda", dtype=BF16) * 4
+    gate, up = gate_up[:, :cols], gate_up[:, cols:]
+    assert torch.equal(ops.silu_mul(gate, up), reference.silu_mul(gate, up))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 16, 37, 64])
+@pytest.mark.parametrize("k,m", [(2048, 4096), (1024, 3072), (3072, 1024), (2048, 3072)])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
+def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore[no-untyped-def]
+    x = torch.randn(n, k, device="cuda", dtype=BF16)
+    w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+    bias = (0.1 * torch.randn(m, device="cuda")).to(BF16) if m == 3072 else None
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    out = ops.linear(x, weight, bias)
+    expected = reference.linear(x, weight, bias)
+    assert out.shape == (n, m) and not torch.isnan(out.float()).any()
+    assert rel(out, expected) <= 5e-3
+    # batch invariance: a row computed alone equals the same row in the batch, bit for bit
+    assert torch.equal(ops.linear(x[-1:], weight, bias)[0], out[-1])

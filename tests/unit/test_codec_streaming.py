@@ -1,0 +1,233 @@
+"""Streaming codec decode == one-shot decode, for any packet schedule, beyond 300 frames, batched.
+
+Exactness of the streaming logic is checked in float64, where both paths agree to ~1e-14: any state
+mistake (a wrong history length, window or position) shows up as an O(0.01..1) difference. float32 is
+checked at 2e-5 (two thirds of one PCM16 step): CPU conv/GEMM kernels round differently for different
+lengths, which leaves 2e-6..8e-6 of noise on a waveform of std 0.3 (measured over seeds), the same kind
+of noise the official decoder shows between a prefix decode and a whole decode (~3e-6).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig, parse_speech_decoder_config
+from qwen3_tts_native.engine.model.codec import CodecStreamState, SpeechDecoder
+from qwen3_tts_native.engine.snapshot import expected_speech_decoder_tensors
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FRAMES = 400
+EXACT = 1e-12  # float64
+FP32 = 2e-5
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes gain nothing from threads, and on a shared CPU the thread pools mostly contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_tensors(config: SpeechDecoderConfig, seed: int) -> dict[str, Tensor]:
+    """Seeded `decoder.*` weights that keep every stage O(1) (see tests/parity/official_codec.py for why)."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, (shape, _dtype) in expected_speech_decoder_tensors(config).items():
+        values = torch.randn(shape, generator=generator)
+        if name.endswith("cluster_usage"):
+            values = torch.rand(shape, generator=generator) + 0.5
+        elif name.endswith("norm.weight"):
+            values = 1.0 + 0.1 * values
+        elif name.endswith((".alpha", ".beta")):
+            values = 0.3 * values
+        elif name.endswith(("layer_scale.scale", ".gamma")):
+            values = 0.3 + 0.1 * values
+        elif name.endswith("embedding_sum"):
+            values = 0.25 * values
+        elif len(shape) == 1:
+            values = 0.02 * values
+        elif ".block.1.conv." in name:  # waveform ConvTranspose1d [in, out, 2 * stride]: fan-in 2 * in
+            values = 0.5 * values / (2 * shape[0]) ** 0.5
+        elif ".upsample." in name and name.endswith(".0.conv.weight"):  # kernel = stride: fan-in = in
+            values = values / shape[0] ** 0.5
+        else:
+            fan_in = shape[1] * (shape[2] if len(shape) == 3 else 1)
+            values = values * (0.3 if name.endswith("conv2.conv.weight") else 1.0) / fan_in**0.5
+        tensors[name] = values
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def decoder32(tiny_voice_design_config: VoiceDesignConfig) -> SpeechDecoder:
+    config = tiny_voice_design_config.speech_decoder
+    return SpeechDecoder.from_tensors(config, random_tensors(config, seed=3))
+
+
+@pytest.fixture(scope="module")
+def decoder64(tiny_voice_design_config: VoiceDesignConfig) -> SpeechDecoder:
+    config = tiny_voice_design_config.speech_decoder
+    tensors = {name: t.double() for name, t in random_tensors(config, seed=3).items()}
+    return SpeechDecoder.from_tensors(config, tensors)
+
+
+@pytest.fixture(scope="module")
+def codes() -> Tensor:
+    return torch.randint(0, 2048, (1, 16, FRAMES), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def one_shot64(decoder64: SpeechDecoder, codes: Tensor) -> Tensor:
+    return decoder64.decode(codes, clamp=False)[0]
+
+
+@pytest.fixture(scope="module")
+def one_shot32(decoder32: SpeechDecoder, codes: Tensor) -> Tensor:
+    return decoder32.decode(codes, clamp=False)[0]
+
+
+SCHEDULES = {
+    "1-then-4s": lambda: itertools.chain([1], itertools.repeat(4)),
+    "mixed": lambda: itertools.cycle([1, 4, 2, 3, 4, 1, 3, 2]),
+    "all-1s": lambda: itertools.repeat(1),
+    "one-packet": lambda: iter([FRAMES]),
+}
+
+
+def stream(decoder: SpeechDecoder, codes: Tensor, sizes: Iterator[int]) -> Tensor:
+    """Decode codes [16, T] packet by packet (the last packet is cut to fit) and concatenate."""
+    state = decoder.new_stream_state()
+    packets, start = [], 0
+    for size in sizes:
+        if start >= codes.shape[1]:
+            break
+        packets.append(decoder.decode_stream(codes[:, start : start + size].T, state, clamp=False))
+        start += size
+    return torch.cat(packets)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_streaming_equals_one_shot_float64(
+    decoder64: SpeechDecoder, codes: Tensor, one_shot64: Tensor, schedule: str
+) -> None:
+    streamed = stream(decoder64, codes[0], SCHEDULES[schedule]())
+    assert one_shot64.dtype == torch.float64 and one_shot64.shape == (FRAMES * 1920,)
+    assert (streamed - one_shot64).abs().max().item() <= EXACT
+
+
+@pytest.mark.parametrize("schedule", ["1-then-4s", "mixed", "all-1s"])
+def test_streaming_equals_one_shot_float32(
+    decoder32: SpeechDecoder, codes: Tensor, one_shot32: Tensor, schedule: str
+) -> None:
+    streamed = stream(decoder32, codes[0], SCHEDULES[schedule]())
+    assert one_shot32.abs().max() > 0.5
+    assert (streamed - one_shot32).abs().max().item() <= FP32
+
+
+@pytest.mark.parametrize("frames", [1, 2, 71, 72, 73])
+def test_every_length_around_the_window(
+    decoder64: SpeechDecoder, codes: Tensor, one_shot64: Tensor, frames: int
+) -> None:
+    """A prefix decodes to the prefix of the whole decode (causality), at the window edges too."""
+    prefix = decoder64.decode(codes[..., :frames], clamp=False)[0]
+    assert prefix.shape == (frames * 1920,)
+    assert (prefix - one_shot64[: frames * 1920]).abs().max().item() <= EXACT
+
+
+def test_attention_window_is_72_frames_including_the_current_one(
+    decoder64: SpeechDecoder, codes: Tensor
+) -> None:
+    """Two layers of 72-frame windows after the k=3 pre-conv: transformer output t depends on codes
+    t - 144 .. t. Changing frame 0 must move output 144 and leave 145.. bit-identical (a window of 71
+    would leave 144 unmoved, one of 73 would move 145 and 146)."""
+    base = codes[..., :150].clone()
+    changed = base.clone()
+    changed[:, :, 0] = (changed[:, :, 0] + 1) % 2048
+    latents = []
+    for c in (base, changed):
+        state = decoder64.new_stream_state()
+        with torch.no_grad():
+            x = decoder64.pre_conv(decoder64.embed_codes(c).transpose(1, 2), state).transpose(1, 2)
+            latents.append(decoder64.pre_transformer(x, state)[0])
+    moved = (latents[0] - latents[1]).abs().amax(dim=1)
+    assert moved[144] > 1e-9
+    assert moved[145:].max().item() == 0.0
+
+
+def test_batched_streams_at_different_positions(decoder64: SpeechDecoder, codes: Tensor) -> None:
+    """Two sessions at different frame positions decoded in one call == each decoded alone."""
+    first, second = decoder64.new_stream_state(), decoder64.new_stream_state()
+    decoder64.decode_stream(codes[0, :, :75].T, first)
+    decoder64.decode_stream(codes[0, :, 200:203].T, second)
+    batch = CodecStreamState.cat([first.select(0), second.select(0)])
+
+    packet = torch.stack([codes[0, :, 75:79], codes[0, :, 203:207]])
+    together = decoder64(packet, batch, clamp=False)
+    alone = [
+        decoder64.decode_stream(codes[0, :, 75:79].T, first, clamp=False),
+        decoder64.decode_stream(codes[0, :, 203:207].T, second, clamp=False),
+    ]
+    assert batch.position.tolist() == [79, 7]
+    for row in range(2):
+        assert (together[row] - alone[row]).abs().max().item() <= EXACT
+
+
+def test_one_shot_batch_rows_are_independent(decoder64: SpeechDecoder, codes: Tensor) -> None:
+    pair = torch.cat([codes[..., :30], codes[..., 100:130]])
+    together = decoder64.decode(pair, clamp=False)
+    for row in range(2):
+        alone = decoder64.decode(pair[row : row + 1], clamp=False)[0]
+        assert (together[row] - alone).abs().max().item() <= EXACT
+
+
+def test_clamp_and_empty_packet(decoder32: SpeechDecoder, codes: Tensor) -> None:
+    raw = decoder32.decode(codes[..., :20], clamp=False)
+    assert raw.abs().max() > 1.0  # the random waveform clips somewhere, so the clamp is exercised
+    assert torch.equal(decoder32.decode(codes[..., :20]), raw.clamp(-1.0, 1.0))
+
+    state = decoder32.new_stream_state()
+    empty = decoder32.decode_stream(codes[0, :, :0].T, state)
+    assert empty.shape == (0,) and state.position.tolist() == [0]
+
+
+def test_bfloat16_follows_the_parameters(decoder32: SpeechDecoder, codes: Tensor) -> None:
+    bf16 = SpeechDecoder.from_tensors(
+        decoder32.config,
+        {name: t.bfloat16() for name, t in random_tensors(decoder32.config, seed=3).items()},
+    )
+    assert bf16.first_codebook.dtype == torch.bfloat16
+    reference = decoder32.decode(codes[..., :40], clamp=False)
+    one_shot = bf16.decode(codes[..., :40], clamp=False)
+    streamed = stream(bf16, codes[0, :, :40], itertools.chain([1], itertools.repeat(4)))
+    assert one_shot.dtype == torch.float32  # the waveform is returned in at least float32
+    relative = (one_shot - reference).norm() / reference.norm()
+    assert relative.item() < 0.1
+    assert ((streamed - one_shot[0]).norm() / reference.norm()).item() < 0.1
+
+
+def test_consumes_exactly_the_real_checkpoint_tensors() -> None:
+    """The full config's 271 `decoder.*` tensors, as listed in the real checkpoint's inventory (meta)."""
+    config_json = json.loads((DATA / "reference_model" / "speech_tokenizer" / "config.json").read_text())
+    config = parse_speech_decoder_config(config_json, "speech_tokenizer/config.json")
+    inventory = json.loads((DATA / "speech-tokenizer-model-inventory.json").read_text())
+    entries = [t for t in inventory["tensors"] if t["name"].startswith("decoder.")]
+    tensors = {t["name"]: torch.empty(t["shape"], device="meta") for t in entries}
+    assert len(tensors) == 271
+
+    decoder = SpeechDecoder.from_tensors(config, tensors)
+    unused = sum(
+        t["parameters"]
+        for t in entries
+        if t["name"].startswith("decoder.quantizer.")
+        and t["name"].endswith(("input_proj.weight", "cluster_usage"))
+    )
+    used = sum(t.numel() for t in decoder.state_dict().values())
+    assert used == sum(t["parameters"] for t in entries) - unused

@@ -1,0 +1,239 @@
+"""The frame loop on the tiny random model: batch invariance, frame accounting, seeds, packets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from qwen3_tts_native.engine.config import VoiceDesignConfig
+from qwen3_tts_native.engine.errors import EngineError, InvalidRequestError
+from qwen3_tts_native.engine.model.predictor import CodePredictor
+from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+from qwen3_tts_native.engine.runtime.request import (
+    PredictorSampling,
+    SynthesisRequest,
+    TalkerSampling,
+    TextMode,
+)
+from qwen3_tts_native.engine.runtime.session import Session
+
+ROLE = [151644, 77091, 198]
+
+
+@dataclass(frozen=True)
+class Plan:
+    instruct_ids: list[int]
+    role_ids: list[int]
+    text_ids: list[int]
+    language_id: int | None
+    text_mode: TextMode
+
+
+PLANS = [
+    Plan([151644, 872, 198, 32, 8205, 13, 151645, 198], ROLE, [9707, 11, 1879], None, "non_streaming"),
+    Plan([], ROLE, [40, 1079, 264, 6366, 1273, 315, 279, 1849, 13], 2050, "streaming"),
+    Plan([151644, 872, 198, 21388, 151645, 198], ROLE, [104198, 101909], 2055, "streaming"),
+    Plan([151644, 872, 198, 50, 151645, 198], ROLE, [22560, 11, 3162, 21861, 13], 2053, "non_streaming"),
+]
+REQUESTS = [
+    SynthesisRequest("a", "", seed=1, max_frames=14),
+    SynthesisRequest(
+        "b",
+        "",
+        seed=2**53 - 1,
+        max_frames=20,
+        talker_sampling=TalkerSampling(temperature=1.3, top_k=0, top_p=0.9),
+        predictor_sampling=PredictorSampling(temperature=0.7, top_k=5),
+    ),
+    SynthesisRequest(
+        "c",
+        "",
+        seed=7,
+        max_frames=9,
+        talker_sampling=TalkerSampling(greedy=True),
+        predictor_sampling=PredictorSampling(greedy=True),
+    ),
+    SynthesisRequest("d", "", seed=42, max_frames=16, predictor_sampling=PredictorSampling(top_p=0.8)),
+]
+JOIN_AT = [0, 3, 4, 9]  # the step at which each session is admitted (prefilled)
+
+
+class SilentDecoder:
+    """Stands in for the speech decoder: 1920 zero samples per frame."""
+
+    def new_stream_state(self) -> list[int]:
+        return [0]
+
+    def decode_stream(self, codes: Tensor, state: list[int]) -> Tensor:
+        state[0] += codes.shape[0]
+        return torch.zeros(codes.shape[0] * 1920)
+
+
+def make_engine(
+    config: VoiceDesignConfig, tensors: dict[str, Tensor], decoder: Any = None
+) -> VoiceDesignEngine:
+    talker, predictor = Talker.from_tensors(config, tensors), CodePredictor.from_tensors(config, tensors)
+    return VoiceDesignEngine(config, talker, predictor, decoder=decoder, max_sessions=4, max_context=64)
+
+
+def forced_predictor_logits(
+    predictor: CodePredictor, hidden: Tensor, cb0_embed: Tensor, codes: Tensor
+) -> Tensor:
+    """Teacher-forced predictor logits [B, 15, vocab] for given codes [B, 15]."""
+    recorded: list[Tensor] = []
+
+    def choose(logits: Tensor, group: int) -> Tensor:
+        recorded.append(logits)
+        return codes[:, group]
+
+    predictor.generate(hidden, cb0_embed, choose)
+    return torch.stack(recorded, dim=1)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, Tensor]) -> VoiceDesignEngine:
+    torch.set_num_threads(1)
+    return make_engine(tiny_voice_design_config, tiny_tensors)
+
+
+def test_modules_are_batch_invariant(engine: VoiceDesignEngine) -> None:
+    """Rows of one talker/predictor call are bit-identical to the same rows computed alone."""
+    talker, predictor = engine.talker, engine.predictor
+    generator = torch.Generator().manual_seed(0)
+    embeds = torch.randn(4, 1, talker.hidden_size, generator=generator)
+    positions = torch.tensor([[3], [17], [0], [40]])
+    cache = talker.new_cache(4, 64)
+    cache.k.normal_(generator=generator)
+    cache.v.normal_(generator=generator)
+    alone_cache = talker.new_cache(4, 64)
+    alone_cache.k.copy_(cache.k)
+    alone_cache.v.copy_(cache.v)
+    slots = torch.tensor([2, 0, 3, 1])
+    batched = talker(embeds, positions, slots, cache)
+    for row in range(4):
+        alone = talker(embeds[row : row + 1], positions[row : row + 1], slots[row : row + 1], alone_cache)
+        assert torch.equal(alone, batched[row : row + 1])
+    assert torch.equal(alone_cache.k, cache.k) and torch.equal(alone_cache.v, cache.v)
+
+    codes = torch.randint(0, 2048, (4, 15), generator=generator)
+    cb0_embed = talker.codec_embed(torch.tensor([5, 70, 900, 2047]))
+    together = forced_predictor_logits(predictor, batched[:, 0], cb0_embed, codes)
+    for row in range(4):
+        rows = slice(row, row + 1)
+        alone = forced_predictor_logits(predictor, batched[rows, 0], cb0_embed[rows], codes[rows])
+        assert torch.equal(alone, together[rows])
+
+
+def test_sessions_joined_at_different_steps_equal_solo_runs(engine: VoiceDesignEngine) -> None:
+    solo = [engine.run_to_end(engine.open_session(r, p)) for r, p in zip(REQUESTS, PLANS, strict=True)]
+    assert engine.free_slots == 4
+    frames: list[list[Tensor]] = [[] for _ in PLANS]
+    active: list[tuple[int, Session]] = []
+    clock = 0
+    while clock <= JOIN_AT[-1] or active:
+        results = engine.step([s for _, s in active])
+        for (index, _), result in zip(active, results, strict=True):
+            if result.codes is not None:
+                frames[index].append(result.codes)
+        for index, request in enumerate(REQUESTS):
+            if JOIN_AT[index] == clock:
+                session = engine.open_session(request, PLANS[index])
+                result = engine.prefill(session)
+                assert result.codes is not None
+                frames[index].append(result.codes)
+                active.append((index, session))
+        for _, session in active:
+            if session.finished:
+                engine.release(session)
+        active = [(i, s) for i, s in active if not s.finished]
+        clock += 1
+    for index, expected in enumerate(solo):
+        assert expected.shape == (REQUESTS[index].max_frames, 16)
+        assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
+    assert engine.free_slots == 4
+
+
+def test_max_frames_ends_with_length(engine: VoiceDesignEngine) -> None:
+    session = engine.open_session(SynthesisRequest("x", "", max_frames=3), PLANS[0])
+    results = [engine.prefill(session), *(engine.step([session])[0] for _ in range(2))]
+    assert [r.finish_reason for r in results] == [None, None, "length"]
+    assert all(r.codes is not None and r.codes.shape == (16,) for r in results)
+    with pytest.raises(EngineError):
+        engine.step([session])
+    engine.release(session)
+    engine.release(session)  # idempotent
+    one = engine.open_session(SynthesisRequest("x", "", max_frames=1), PLANS[1])
+    result = engine.prefill(one)
+    assert result.codes is not None and result.finish_reason == "length"
+    engine.release(one)
+    assert engine.free_slots == 4
+
+
+def test_eos_ends_with_stop_and_no_frame(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_eos_tensors: dict[str, Tensor]
+) -> None:
+    eos_engine = make_engine(tiny_voice_design_config, tiny_eos_tensors)
+    for seed in range(3):
+        session = eos_engine.open_session(SynthesisRequest("x", "", seed=seed, max_frames=40), PLANS[seed])
+        results = [eos_engine.prefill(session)]
+        while results[-1].finish_reason is None:
+            results.extend(eos_engine.step([session]))
+        assert results[-1].codes is None and results[-1].finish_reason == "stop"
+        assert all(r.codes is not None and r.finish_reason is None for r in results[:-1])
+        assert len(results) - 1 >= 2, "EOS is banned for frames 0 and 1"
+        assert session.frames_emitted == len(results) - 1
+        assert all(int(r.codes[0]) < 2048 for r in results[:-1] if r.codes is not None)
+        eos_engine.release(session)
+
+
+def test_seeds_reproduce_and_differ(engine: VoiceDesignEngine) -> None:
+    request = SynthesisRequest("x", "", seed=123, max_frames=6)
+    first = engine.run_to_end(engine.open_session(request, PLANS[3]))
+    again = engine.run_to_end(engine.open_session(request, PLANS[3]))
+    other = engine.run_to_end(engine.open_session(replace(request, seed=124), PLANS[3]))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_invalid_requests_and_capacity(engine: VoiceDesignEngine) -> None:
+    bad = [
+        SynthesisRequest("x", "", seed=-1),
+        SynthesisRequest("x", "", seed=2**53),
+        SynthesisRequest("x", "", max_frames=0),
+        SynthesisRequest("x", "", talker_sampling=TalkerSampling(temperature=0.0)),
+        SynthesisRequest("x", "", predictor_sampling=PredictorSampling(top_p=0.0)),
+        SynthesisRequest("x", "", talker_sampling=TalkerSampling(top_k=-1)),
+        SynthesisRequest("x", "", max_frames=64),  # prompt + 63 positions > max_context 64
+    ]
+    for request in bad:
+        with pytest.raises(InvalidRequestError):
+            engine.open_session(request, PLANS[0])
+    assert engine.free_slots == 4
+    sessions = [engine.open_session(SynthesisRequest("x", "", max_frames=2), PLANS[0]) for _ in range(4)]
+    with pytest.raises(EngineError):
+        engine.open_session(SynthesisRequest("x", "", max_frames=2), PLANS[0])
+    for session in sessions:
+        engine.release(session)
+
+
+def test_synthesize_packets(
+    tiny_voice_design_config: VoiceDesignConfig,
+    tiny_tensors: dict[str, Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    silent = make_engine(tiny_voice_design_config, tiny_tensors, decoder=SilentDecoder())
+    monkeypatch.setattr(silent, "start_session", lambda request: silent.open_session(request, PLANS[2]))
+    for max_frames, sizes in ((10, [1, 4, 4, 1]), (9, [1, 4, 4]), (1, [1])):
+        packets = list(silent.synthesize(SynthesisRequest("x", "", max_frames=max_frames)))
+        assert [p.frame_count for p in packets] == sizes
+        assert [p.sequence for p in packets] == list(range(len(sizes)))
+        assert [p.first_frame for p in packets] == [sum(sizes[:i]) for i in range(len(sizes))]
+        assert [p.is_final for p in packets] == [False] * (len(sizes) - 1) + [True]
+        assert [p.finish_reason for p in packets] == [None] * (len(sizes) - 1) + ["length"]
+        assert all(len(p.pcm) == p.frame_count * 1920 * 2 for p in packets)
+    assert silent.free_slots == 4

@@ -1,0 +1,146 @@
+"""Without CUDA the kernel ops fall back to the torch references and give identical results; the fast
+frame (fused layout: qkv and gate/up concatenated, per-row linears, one-token attention) computes the same
+frame as `step.decode_frames` when its ops run on those references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen3_tts_native.engine.config import VoiceDesignConfig
+from qwen3_tts_native.engine.kernels import loader, ops, reference
+from qwen3_tts_native.engine.model import layers
+from qwen3_tts_native.engine.model.predictor import CodePredictor
+from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.runtime import sampling, step
+from qwen3_tts_native.engine.runtime.graphs import FastFrame
+from qwen3_tts_native.engine.runtime.modes import FAST, resolve_mode
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+
+
+def test_extension_is_not_loaded_without_cuda() -> None:
+    assert loader.load() is None
+    assert not ops.kernels_available()
+
+
+def test_norms_rope_swiglu_fall_back_exactly() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g)
+    w = torch.randn(64, generator=g)
+    assert torch.equal(ops.rms_norm(x, w, 1e-6), layers.rms_norm(x, w, 1e-6))
+    residual = torch.randn(3, 64, generator=g)
+    expected_sum = residual + x
+    r = residual.clone()
+    assert torch.equal(ops.add_rms_norm_(x, r, w, 1e-6), layers.rms_norm(expected_sum, w, 1e-6))
+    assert torch.equal(r, expected_sum)
+    gate, up = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    assert torch.equal(ops.silu_mul(gate, up), layers.swiglu(gate, up))
+
+
+def test_linear_falls_back_for_bf16_and_8bit() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 32, generator=g)
+    w = torch.randn(48, 32, generator=g)
+    bias = torch.randn(48, generator=g)
+    assert torch.equal(ops.linear(x, w, bias), layers.linear(x, w, bias))
+    for kind in ("int8", "fp8"):
+        q = reference.quantize_weight(w, kind)
+        out = ops.linear(x, q)
+        assert torch.equal(out, reference.linear(x, q))
+        rel = (out - x @ w.t()).norm() / (x @ w.t()).norm()
+        assert rel < (0.02 if kind == "int8" else 0.08)
+
+
+def test_attention_and_cache_write_fall_back() -> None:
+    g = torch.Generator().manual_seed(2)
+    batch, heads, kv_heads, dim, max_len = 3, 4, 2, 16, 12
+    cache_k = torch.randn(4, kv_heads, max_len, dim, generator=g)
+    cache_v = torch.randn(4, kv_heads, max_len, dim, generator=g)
+    q = torch.randn(batch, heads * dim, generator=g)
+    k = torch.randn(batch, kv_heads * dim, generator=g)
+    v = torch.randn(batch, kv_heads * dim, generator=g)
+    qn, kn = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+    cos, sin = layers.rope_cos_sin(torch.arange(max_len), dim, 1e6, torch.float32)
+    positions, slots = torch.tensor([0, 5, 11]), torch.tensor([2, 0, 3])
+    k1, v1 = cache_k.clone(), cache_v.clone()
+    q_roped = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6)
+    k2, v2 = cache_k.clone(), cache_v.clone()
+    expected = reference.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
+    assert torch.equal(q_roped, expected) and torch.equal(k1, k2) and torch.equal(v1, v2)
+    out = ops.decode_attention(q_roped, k1, v1, slots, positions + 1, dim**-0.5)
+    assert torch.equal(out, reference.decode_attention(q_roped, k1, v1, slots, positions + 1, dim**-0.5))
+
+
+def test_samplers_fall_back_to_sample_with_uniform() -> None:
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 3072, generator=g) * 3
+    u = torch.rand(5, generator=g, dtype=torch.float64)
+    params = sampling.SamplingRows.cat(
+        [
+            sampling.SamplingRows.single(
+                greedy=i == 0, temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.05
+            )
+            for i in range(5)
+        ]
+    )
+    history = torch.rand(5, 3072, generator=g) < 0.01
+    frames = torch.tensor([0, 1, 2, 3, 50])
+    banned = sampling.talker_banned_tokens(frames, 3072, 2150)
+    assert torch.equal(
+        ops.sample_talker(logits, u, params, history, frames, 2150),
+        sampling.sample_with_uniform(logits, u, params, history, banned),
+    )
+    assert torch.equal(
+        ops.sample_predictor(logits[:, :2048], u, params),
+        sampling.sample_with_uniform(logits[:, :2048], u, params),
+    )
+
+
+def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QWEN3_TTS_MODE", raising=False)
+    assert resolve_mode().name == "exact"
+    monkeypatch.setenv("QWEN3_TTS_MODE", "FAST")
+    assert resolve_mode() is FAST
+    with pytest.raises(ValueError):
+        resolve_mode("turbo")
+
+
+def test_fast_frame_matches_the_reference_frame_on_cpu(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+) -> None:
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
+    bf16_fast = type(FAST)("fast", "bf16", torch.float32)
+    fast = FastFrame(talker, predictor, bf16_fast)
+    batch = 3
+    g = torch.Generator().manual_seed(4)
+    cache_a = talker.new_cache(4, 32)
+    cache_a.k.normal_(generator=g)
+    cache_a.v.normal_(generator=g)
+    cache_b = layers.KVCache(cache_a.k.clone(), cache_a.v.clone())
+    previous = torch.randint(0, 2048, (batch, 16), generator=g)
+    text = torch.randn(batch, talker.hidden_size, generator=g)
+    positions = torch.tensor([3, 17, 9])
+    slots = torch.tensor([1, 3, 0])
+    rows = step.FrameRows(
+        uniforms=torch.rand(batch, 16, generator=g, dtype=torch.float64),
+        cb0_history=torch.rand(batch, 3072, generator=g) < 0.01,
+        frames_generated=torch.tensor([0, 5, 9]),
+        talker_sampling=sampling.SamplingRows.cat(
+            [
+                sampling.SamplingRows.single(
+                    greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05
+                )
+            ]
+            * batch
+        ),
+        predictor_sampling=sampling.SamplingRows.cat(
+            [sampling.SamplingRows.single(greedy=True, temperature=1.0, top_k=0, top_p=1.0)] * batch
+        ),
+    )
+    with torch.no_grad():
+        expected = step.decode_frames(talker, predictor, cache_a, previous, text, positions, slots, rows)
+        got = fast.decode_frames(cache_b, previous, text, positions, slots, rows)
+    assert torch.equal(got, expected)
+    torch.testing.assert_close(cache_b.k, cache_a.k, rtol=1e-5, atol=1e-5)
