@@ -204,9 +204,11 @@ class TelemetrySampler:
 
     def __enter__(self) -> TelemetrySampler:
         self._process.start()
-        if not self._ready.wait(_READY_TIMEOUT_S):
-            self._process.kill()
-            raise RuntimeError("the telemetry sampler did not produce a first sample")
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while not self._ready.wait(0.1):
+            if not self._process.is_alive() or time.monotonic() > deadline:
+                self._process.kill()
+                raise RuntimeError("the telemetry sampler did not produce a first sample")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -574,6 +574,14 @@ def _validate_v1(
         f.fail("counts.runs", "profile ids are not unique")
     roles = ("client_summary", "client_requests", "client_packets")
     runs = _run_entries(f, entries, roles)
+    for entry in entries:
+        scope = [k for k in ("engine_id", "profile_id", "round") if k in entry]
+        if entry.get("role") == "raw" and scope and len(scope) != 3:
+            f.fail(
+                "files.layout",
+                "a run-scoped raw file must carry engine, profile and round",
+                str(entry["path"]),
+            )
     minimum_rounds = int(manifest["workload"].get("minimum_rounds_per_subject", 1))
     _check_matrix(f, runs, ["native", "sglang"], list(profiles), minimum_rounds)
     for resource in manifest.get("run_resources", []):
@@ -582,8 +590,8 @@ def _validate_v1(
         paths = resource["telemetry_evidence_paths"]
         scoped = {e["path"]: e for e in entries if e.get("role") == "raw"}
         for telemetry_path in paths:
-            entry = scoped.get(telemetry_path)
-            if entry is None or (entry.get("engine_id"), entry.get("profile_id"), entry.get("round")) != (
+            raw = scoped.get(telemetry_path)
+            if raw is None or (raw.get("engine_id"), raw.get("profile_id"), raw.get("round")) != (
                 resource["engine_id"],
                 resource["profile_id"],
                 resource["round"],

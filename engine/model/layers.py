@@ -98,10 +98,6 @@ class KVCache:
             torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
         )
 
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
 
 def attention(q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, scale: float) -> Tensor:
     """Causal GQA attention of new queries over a whole cache, eager-style (fp32 softmax).

@@ -26,7 +26,7 @@ from ..tokenizer import TextTokenizer
 from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
 from .sampling import SamplingRows
 from .session import Session
-from .step import FrameRows, decode_frames, prefill_frame
+from .step import EagerFrameBackend, FrameBackend, FrameRows
 
 
 class VoiceDesignEngine:
@@ -56,6 +56,9 @@ class VoiceDesignEngine:
         self.device = talker.codec_embedding.device
         self.cache = talker.new_cache(max_sessions, max_context)
         self._free_slots = list(range(max_sessions))
+        self.frame_backend: FrameBackend = EagerFrameBackend()
+        """Computes the frames; runtime/graphs.py swaps in CUDA graphs (and grows the cache by its scratch
+        slots, which are never handed to a session)."""
 
     @classmethod
     def load(
@@ -147,8 +150,9 @@ class VoiceDesignEngine:
         if session.released or session.prompt is None:
             raise EngineError("prefill needs a fresh session")
         slot = torch.tensor([session.slot], device=self.device)
-        codes = prefill_frame(
-            self.talker, self.predictor, self.cache, session.prompt, slot, self._rows([session])
+        rows = self._rows([session])
+        codes = self.frame_backend.prefill_frame(
+            self.talker, self.predictor, self.cache, session.prompt, slot, rows
         )
         session.position = session.prompt_length
         session.prompt = None
@@ -170,7 +174,7 @@ class VoiceDesignEngine:
         positions = torch.tensor([s.position for s in sessions], device=self.device)
         slots = torch.tensor([s.slot for s in sessions], device=self.device)
         rows = self._rows(sessions)
-        codes = decode_frames(
+        codes = self.frame_backend.decode_frames(
             self.talker, self.predictor, self.cache, torch.stack(previous), text, positions, slots, rows
         )
         for session in sessions:

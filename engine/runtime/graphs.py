@@ -13,15 +13,14 @@ Modes (runtime/modes.py):
 - fast: the same frame on the fused kernels of engine/kernels (ops.*) with weight-only 8-bit (or bf16)
   decode GEMVs, flash-decoding attention and the one-kernel sampler.
 
-The backend has the signatures of `step.decode_frames` and `step.prefill_frame`; the engine calls it
-through its `frame_backend` hook (see `install`).
+The backend implements `step.FrameBackend`; `install` makes it an engine's `frame_backend`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -36,36 +35,11 @@ from .modes import EXACT, Mode
 from .sampling import SamplingRows
 from .step import FrameRows
 
+if TYPE_CHECKING:
+    from .engine import VoiceDesignEngine
+
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
-
-
-class FrameBackend(Protocol):
-    """What `VoiceDesignEngine` needs from a frame backend (the eager one is `step` itself)."""
-
-    scratch_slots: int
-
-    def decode_frames(
-        self,
-        talker: Talker,
-        predictor: CodePredictor,
-        cache: KVCache,
-        previous_codes: Tensor,
-        text: Tensor,
-        positions: Tensor,
-        slots: Tensor,
-        rows: FrameRows,
-    ) -> Tensor: ...
-
-    def prefill_frame(
-        self,
-        talker: Talker,
-        predictor: CodePredictor,
-        cache: KVCache,
-        prompt: Tensor,
-        slot: Tensor,
-        rows: FrameRows,
-    ) -> Tensor: ...
 
 
 Weight = Tensor | QuantizedWeight
@@ -500,32 +474,16 @@ def _slice_rows(rows: FrameRows, start: int, stop: int) -> FrameRows:
     )
 
 
-def install(engine: Any, backend: GraphFrameBackend) -> Callable[[], None]:
-    """Route `engine`'s prefill and step through `backend`; returns a function that undoes it.
-
-    With the engine hook (`engine.frame_backend`, see the report to the lead), this sets it and grows the
-    KV pool by the scratch slot. Without it (until engine.py has the hook), it swaps the step functions
-    that engine.py imported, which is process-wide: benchmarks only.
-    """
-    from . import engine as engine_module
-
-    if engine.cache.k.shape[1] < engine.max_sessions + backend.scratch_slots:
-        engine.cache = engine.talker.new_cache(
-            engine.max_sessions + backend.scratch_slots, engine.max_context
-        )
-    if hasattr(engine, "frame_backend"):
-        previous_backend = engine.frame_backend
-        engine.frame_backend = backend
-
-        def undo_hook() -> None:
-            engine.frame_backend = previous_backend
-
-        return undo_hook
-    saved = (engine_module.decode_frames, engine_module.prefill_frame)
-    engine_module.decode_frames = backend.decode_frames  # type: ignore[assignment]
-    engine_module.prefill_frame = backend.prefill_frame  # type: ignore[assignment]
+def install(engine: VoiceDesignEngine, backend: GraphFrameBackend) -> Callable[[], None]:
+    """Make `backend` the engine's frame backend (growing its KV pool by the scratch slot); returns a
+    function that restores the previous backend (the grown pool stays)."""
+    slots = engine.max_sessions + backend.scratch_slots
+    if engine.cache.k.shape[1] < slots:
+        engine.cache = engine.talker.new_cache(slots, engine.max_context)
+    previous = engine.frame_backend
+    engine.frame_backend = backend
 
     def undo() -> None:
-        engine_module.decode_frames, engine_module.prefill_frame = saved
+        engine.frame_backend = previous
 
     return undo

@@ -106,7 +106,6 @@ class RequestHandle:
         self._outbox: deque[Event] = deque()
         self._cancel: Failed | None = None
         self._retired = False
-        self._finish_reason: FinishReason | None = None
         self.metrics = RequestMetrics()
 
     @property
@@ -247,9 +246,9 @@ class Scheduler:
 
     def _retire_cancelled(self) -> None:
         with self._lock:
-            cancelled = [job for job in self._active if job.handle._cancel is not None]
-        for job in cancelled:
-            self._retire(job, job.handle._cancel)
+            cancelled = [(job, job.handle._cancel) for job in self._active if job.handle._cancel is not None]
+        for job, failure in cancelled:
+            self._retire(job, failure)
 
     def _admit(self, handle: RequestHandle) -> None:
         metrics = handle.metrics
@@ -258,7 +257,7 @@ class Scheduler:
         if handle._cancel is not None:
             self._finish(handle, None, handle._cancel)
             return
-        session = None
+        session: Any = None
         try:
             session = self.engine.start_session(handle.request)
             result = self.engine.prefill(session)
@@ -275,7 +274,7 @@ class Scheduler:
         metrics.talker_gpu_microseconds += elapsed
         job = _Job(handle, session)
         self._active.append(job)
-        self._advance(job, result, target=1)
+        self._take(job, result, target=1)
 
     def _step(self, jobs: list[_Job]) -> None:
         started = time.perf_counter_ns()
@@ -290,10 +289,13 @@ class Scheduler:
         elapsed = (time.perf_counter_ns() - started) / 1000
         for job, result in zip(jobs, results, strict=True):
             job.handle.metrics.talker_gpu_microseconds += elapsed
-            try:
-                self._advance(job, result, target=self.packet_frames)
-            except Exception as error:
-                self._retire(job, Failed("internal_error", f"codec decode failed: {type(error).__name__}"))
+            self._take(job, result, target=self.packet_frames)
+
+    def _take(self, job: _Job, result: FrameResult, target: int) -> None:
+        try:
+            self._advance(job, result, target)
+        except Exception as error:
+            self._retire(job, Failed("internal_error", f"codec decode failed: {type(error).__name__}"))
 
     def _advance(self, job: _Job, result: FrameResult, target: int) -> None:
         """Group frames into packets; a full packet is held until the next result says if it is final."""
@@ -348,12 +350,12 @@ class Scheduler:
             metrics.peak_request_host_bytes = max(metrics.peak_request_host_bytes, queued)
         handle._notify()
 
-    def _retire(self, job: _Job, outcome: FinishReason | Failed | None) -> None:
-        if job in self._active:
+    def _retire(self, job: _Job, outcome: FinishReason | Failed) -> None:
+        if job in self._active:  # once only: finishing frees the slot
             self._active.remove(job)
-        self._finish(job.handle, job.session, outcome)
+            self._finish(job.handle, job.session, outcome)
 
-    def _finish(self, handle: RequestHandle, session: Any, outcome: FinishReason | Failed | None) -> None:
+    def _finish(self, handle: RequestHandle, session: Any, outcome: FinishReason | Failed) -> None:
         """Release the session, then queue the terminal event: the slot is free before anyone hears of it."""
         if session is not None:
             try:
@@ -367,22 +369,18 @@ class Scheduler:
                 handle._outbox = deque(e for e in handle._outbox if not isinstance(e, AudioPacket))
                 handle._outbox.append(outcome)
             else:
-                handle._outbox.append(Finished(outcome or "stop", handle.metrics))
+                handle._outbox.append(Finished(outcome, handle.metrics))
             handle._retired = True
             self._used -= 1
         handle._notify()
 
     def _fail_all(self, code: str, detail: str) -> None:
+        """The worker is stopping: end every request it still holds (a caller's own cancel reason wins)."""
+        failure = Failed(code, detail)
         with self._lock:
             self._closed = True
             leftovers, self._incoming = self._incoming, []
-            for handle in leftovers:
-                if handle._cancel is None:
-                    handle._cancel = Failed(code, detail)
         for job in list(self._active):
-            with self._lock:
-                if job.handle._cancel is None:
-                    job.handle._cancel = Failed(code, detail)
-            self._retire(job, None)
+            self._retire(job, failure)
         for handle in leftovers:
-            self._finish(handle, None, None)
+            self._finish(handle, None, failure)

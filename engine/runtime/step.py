@@ -12,6 +12,7 @@ Per frame: the talker's post-norm hidden -> cb0 (uniform 0 of the row) -> the co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -87,3 +88,43 @@ def decode_frames(
     embeds = talker.frame_embedding(previous_codes) + text
     hidden = talker(embeds.unsqueeze(1), positions.unsqueeze(1), slots, cache)[:, 0]
     return complete_frames(talker, predictor, hidden, rows)
+
+
+class FrameBackend(Protocol):
+    """What `VoiceDesignEngine` calls to compute frames; a CUDA-graph backend replaces the eager one.
+
+    scratch_slots: cache slots the backend needs beyond the engine's sessions (the engine never hands
+    them out).
+    """
+
+    scratch_slots: int
+
+    def decode_frames(
+        self,
+        talker: Talker,
+        predictor: CodePredictor,
+        cache: KVCache,
+        previous_codes: Tensor,
+        text: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        rows: FrameRows,
+    ) -> Tensor: ...
+
+    def prefill_frame(
+        self,
+        talker: Talker,
+        predictor: CodePredictor,
+        cache: KVCache,
+        prompt: Tensor,
+        slot: Tensor,
+        rows: FrameRows,
+    ) -> Tensor: ...
+
+
+class EagerFrameBackend:
+    """The reference backend: the functions above, run eagerly (CPU, or GPU without graphs)."""
+
+    scratch_slots = 0
+    decode_frames = staticmethod(decode_frames)
+    prefill_frame = staticmethod(prefill_frame)

@@ -63,7 +63,7 @@ class ServerSettings:
 
     def check(self) -> ServerSettings:
         _require(1 <= self.port <= 65535 or self.port == 0, "port", "must be 0..65535")
-        _require(0 <= self.max_concurrent_requests <= 64, "max_concurrent_requests", "must be 1..64")
+        _require(0 <= self.max_concurrent_requests <= 64, "max_concurrent_requests", "must be 0 (auto) or 1..64")
         _require(1 <= self.max_text_bytes <= 1_048_576, "max_text_bytes", "must be 1..1048576")
         _require(
             1 <= self.max_voice_description_bytes <= 262_144,

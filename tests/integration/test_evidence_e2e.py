@@ -32,8 +32,13 @@ def _free_port() -> int:
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwen3_tts_native", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "qwen3_tts_native", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +49,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     port = _free_port()
     log = (work / "server.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "qwen3_tts_native", "serve", "--model", str(work / "tiny"), "--host", "127.0.0.1",
-         "--port", str(port), "--device", "cpu", "--max-concurrent-requests", "3"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "qwen3_tts_native",
+            "serve",
+            "--model",
+            str(work / "tiny"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-concurrent-requests",
+            "3",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -73,9 +94,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
 
 def _workload(path: Path) -> Path:
     reference = SHARED / "reference/corpora/http-workload-10.jsonl"
-    rows = [json.loads(line) for line in reference.read_text().splitlines()][:3] if reference.is_file() else [
-        {"id": f"row-{i}", "text": f"Sentence {i}.", "voice_description": "A calm voice.", "language": "English",
-         "seed": 42 + i, "stream": True} for i in range(3)]
+    rows = (
+        [json.loads(line) for line in reference.read_text().splitlines()][:3]
+        if reference.is_file()
+        else [
+            {
+                "id": f"row-{i}",
+                "text": f"Sentence {i}.",
+                "voice_description": "A calm voice.",
+                "language": "English",
+                "seed": 42 + i,
+                "stream": True,
+            }
+            for i in range(3)
+        ]
+    )
     for row in rows:
         row["max_duration_seconds"] = 0.4
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
@@ -85,10 +118,29 @@ def _workload(path: Path) -> Path:
 def test_benchmark_validate_report(server: tuple[str, int], tmp_path: Path) -> None:
     url, pid = server
     bundle = tmp_path / "bundle"
-    run = _cli("evidence", "run", "--engine", f"id=native,url={url},pid={pid},name=qwen3-tts-native,version=test",
-               "--workload", str(_workload(tmp_path / "workload.jsonl")), "--profile", "B1,B3",
-               "--requests", "3", "--warmups", "1", "--rounds", "1", "--idle-seconds", "1",
-               "--benchmark-id", "ci-e2e", "--out", str(bundle), "--quiet")
+    run = _cli(
+        "evidence",
+        "run",
+        "--engine",
+        f"id=native,url={url},pid={pid},name=qwen3-tts-native,version=test",
+        "--workload",
+        str(_workload(tmp_path / "workload.jsonl")),
+        "--profile",
+        "B1,B3",
+        "--requests",
+        "3",
+        "--warmups",
+        "1",
+        "--rounds",
+        "1",
+        "--idle-seconds",
+        "1",
+        "--benchmark-id",
+        "ci-e2e",
+        "--out",
+        str(bundle),
+        "--quiet",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert bundle.is_dir() and bundle.with_name("bundle.tar.zst").is_file()
 
@@ -99,8 +151,11 @@ def test_benchmark_validate_report(server: tuple[str, int], tmp_path: Path) -> N
         assert valid.returncode == 0, valid.stdout + valid.stderr
         assert "2 runs, 6 measured requests" in valid.stdout
 
-    requests = [json.loads(line) for run_dir in sorted((bundle / "runs/round-01/native").iterdir())
-                for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    requests = [
+        json.loads(line)
+        for run_dir in sorted((bundle / "runs/round-01/native").iterdir())
+        for line in (run_dir / "requests.jsonl").read_text().splitlines()
+    ]
     assert len(requests) == 6 and all(r["success"] for r in requests)
     assert all(r["samples"] > 0 and 0 < r["ttfa_ms"] <= r["wall_ms"] for r in requests)
     resource = json.loads((bundle / "runs/round-01/native/B3/run-resource.json").read_text())
@@ -111,7 +166,12 @@ def test_benchmark_validate_report(server: tuple[str, int], tmp_path: Path) -> N
     assert report.returncode == 0, report.stdout + report.stderr
     html = (out / "index.html").read_text()
     images = [part.split('"', 1)[0] for part in html.split('<img src="')[1:]]
-    assert {"plots/ttfa_cdf_B1.png", "plots/ttfa_cdf_B3.png", "plots/rtf_by_profile.png",
-            "plots/packet_cadence.png", "plots/resources_over_time.png"} <= set(images)
+    assert {
+        "plots/ttfa_cdf_B1.png",
+        "plots/ttfa_cdf_B3.png",
+        "plots/rtf_by_profile.png",
+        "plots/packet_cadence.png",
+        "plots/resources_over_time.png",
+    } <= set(images)
     for image in images:
         assert (out / image).stat().st_size > 0

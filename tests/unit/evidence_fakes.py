@@ -42,8 +42,9 @@ def wav_bytes(pcm: bytes, rate: int = 24000) -> bytes:
     return header + b"data" + struct.pack("<I", len(pcm)) + pcm
 
 
-def multipart_parts(request_id: str, seed: int, frames: int, finish: str = "length",
-                    error_after: int | None = None) -> tuple[str, list[bytes]]:
+def multipart_parts(
+    request_id: str, seed: int, frames: int, finish: str = "length", error_after: int | None = None
+) -> tuple[str, list[bytes]]:
     """(boundary, wire chunks) of one progressive multipart response, one chunk per part."""
     boundary = "qwen3tts-" + request_id.replace("-", "")
     pcm = pcm_for(seed, frames)
@@ -53,28 +54,56 @@ def multipart_parts(request_id: str, seed: int, frames: int, finish: str = "leng
         head += "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
         return head.encode() + b"\r\n" + payload + b"\r\n"
 
-    start = {"type": "start", "request_id": request_id, "model": "qwen3-tts-1.7b-voice-design", "seed": seed,
-             "audio": {"encoding": "pcm_s16le", "sample_rate_hz": 24000, "channels": 1,
-                       "samples_per_codec_frame": 1920}}
+    start = {
+        "type": "start",
+        "request_id": request_id,
+        "model": "qwen3-tts-1.7b-voice-design",
+        "seed": seed,
+        "audio": {
+            "encoding": "pcm_s16le",
+            "sample_rate_hz": 24000,
+            "channels": 1,
+            "samples_per_codec_frame": 1920,
+        },
+    }
     chunks = [part("application/json", json.dumps(start).encode())]
     frame = 0
     sequence = 0
     while frame < frames:
         count = 1 if frame == 0 else min(4, frames - frame)
         if error_after is not None and sequence == error_after:
-            error = {"type": "error", "request_id": request_id,
-                     "error": {"code": "internal_error", "detail": "injected"}}
-            chunks.append(part("application/json", json.dumps(error).encode()) + f"--{boundary}--\r\n".encode())
+            error = {
+                "type": "error",
+                "request_id": request_id,
+                "error": {"code": "internal_error", "detail": "injected"},
+            }
+            chunks.append(
+                part("application/json", json.dumps(error).encode()) + f"--{boundary}--\r\n".encode()
+            )
             return boundary, chunks
-        payload = pcm[frame * 3840:(frame + count) * 3840]
-        chunks.append(part("audio/pcm;rate=24000;channels=1;format=s16le", payload, {
-            "X-Sequence": str(sequence), "X-First-Codec-Frame": str(frame), "X-First-Sample": str(frame * 1920),
-            "X-Sample-Count": str(count * 1920), "X-Codec-Frames": str(count),
-            "X-Final": "true" if frame + count == frames else "false"}))
+        payload = pcm[frame * 3840 : (frame + count) * 3840]
+        chunks.append(
+            part(
+                "audio/pcm;rate=24000;channels=1;format=s16le",
+                payload,
+                {
+                    "X-Sequence": str(sequence),
+                    "X-First-Codec-Frame": str(frame),
+                    "X-First-Sample": str(frame * 1920),
+                    "X-Sample-Count": str(count * 1920),
+                    "X-Codec-Frames": str(count),
+                    "X-Final": "true" if frame + count == frames else "false",
+                },
+            )
+        )
         frame += count
         sequence += 1
-    end = {"type": "end", "request_id": request_id, "finish_reason": finish,
-           "metrics": {"emitted_samples": frames * 1920, "emitted_packets": sequence}}
+    end = {
+        "type": "end",
+        "request_id": request_id,
+        "finish_reason": finish,
+        "metrics": {"emitted_samples": frames * 1920, "emitted_packets": sequence},
+    }
     chunks.append(part("application/json", json.dumps(end).encode()) + f"--{boundary}--\r\n".encode())
     return boundary, chunks
 
@@ -100,13 +129,17 @@ async def voice_design(request: Request) -> Response:
     headers = {"X-Request-Id": request_id, "X-Qwen3-Seed": str(seed)}
     if body.get("stream") is False or body.get("output_format") == "wav":
         data = wav_bytes(pcm_for(seed, frames))
-        return StreamingResponse(_paced([data[i:i + 4096] for i in range(0, len(data), 4096)]),
-                                 media_type="audio/wav", headers={**headers, "X-Finish-Reason": "length"})
-    boundary, chunks = multipart_parts(request_id, seed, frames,
-                                       error_after=1 if "ERRPART" in text else None)
+        return StreamingResponse(
+            _paced([data[i : i + 4096] for i in range(0, len(data), 4096)]),
+            media_type="audio/wav",
+            headers={**headers, "X-Finish-Reason": "length"},
+        )
+    boundary, chunks = multipart_parts(request_id, seed, frames, error_after=1 if "ERRPART" in text else None)
     if "TRUNCATE" in text:
         chunks = chunks[:-1]
-    return StreamingResponse(_paced(chunks), media_type=f"multipart/mixed; boundary={boundary}", headers=headers)
+    return StreamingResponse(
+        _paced(chunks), media_type=f"multipart/mixed; boundary={boundary}", headers=headers
+    )
 
 
 async def openai_speech(request: Request) -> Response:
@@ -116,13 +149,21 @@ async def openai_speech(request: Request) -> Response:
     if body.get("response_format") == "wav":
         return Response(wav_bytes(pcm), media_type="audio/wav")
     if body.get("stream_format") == "sse":
-        events = [b"data: " + json.dumps({"type": "speech.audio.delta",
-                                          "audio": base64.b64encode(pcm[i:i + 3841]).decode()}).encode() + b"\n\n"
-                  for i in range(0, len(pcm), 3841)]
+        events = [
+            b"data: "
+            + json.dumps(
+                {"type": "speech.audio.delta", "audio": base64.b64encode(pcm[i : i + 3841]).decode()}
+            ).encode()
+            + b"\n\n"
+            for i in range(0, len(pcm), 3841)
+        ]
         events.append(b'data: {"type": "speech.audio.done", "usage": {}}\n\n')
         return StreamingResponse(_paced(events), media_type="text/event-stream")
-    return StreamingResponse(_paced([pcm[i:i + 3001] for i in range(0, len(pcm), 3001)]),
-                             media_type="audio/pcm", headers={"X-Sample-Rate": "24000"})
+    return StreamingResponse(
+        _paced([pcm[i : i + 3001] for i in range(0, len(pcm), 3001)]),
+        media_type="audio/pcm",
+        headers={"X-Sample-Rate": "24000"},
+    )
 
 
 async def ready(request: Request) -> Response:
@@ -130,11 +171,13 @@ async def ready(request: Request) -> Response:
 
 
 def make_app() -> Starlette:
-    return Starlette(routes=[
-        Route("/v1/voice-design/speech", voice_design, methods=["POST"]),
-        Route("/v1/audio/speech", openai_speech, methods=["POST"]),
-        Route("/health/ready", ready),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/voice-design/speech", voice_design, methods=["POST"]),
+            Route("/v1/audio/speech", openai_speech, methods=["POST"]),
+            Route("/health/ready", ready),
+        ]
+    )
 
 
 def free_port() -> int:
@@ -148,7 +191,9 @@ class FakeServer:
 
     def __init__(self) -> None:
         self.port = free_port()
-        config = uvicorn.Config(make_app(), host="127.0.0.1", port=self.port, log_level="error", lifespan="off")
+        config = uvicorn.Config(
+            make_app(), host="127.0.0.1", port=self.port, log_level="error", lifespan="off"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -175,11 +220,20 @@ def workload_lines(rows: int = 3, max_duration: float = 0.4, **extra: Any) -> by
     out = []
     for i in range(rows):
         row: dict[str, Any] = {
-            "id": f"row-{i:02d}", "text": f"Sentence number {i}.", "voice_description": "A calm adult voice.",
-            "language": "English", "seed": 40 + i, "max_duration_seconds": max_duration,
-            "sampling": {"strategy": "sample", "temperature": 0.9, "top_p": 1.0, "top_k": 50,
-                         "repetition_penalty": 1.05,
-                         "predictor": {"strategy": "sample", "temperature": 0.9, "top_p": 1.0, "top_k": 50}},
+            "id": f"row-{i:02d}",
+            "text": f"Sentence number {i}.",
+            "voice_description": "A calm adult voice.",
+            "language": "English",
+            "seed": 40 + i,
+            "max_duration_seconds": max_duration,
+            "sampling": {
+                "strategy": "sample",
+                "temperature": 0.9,
+                "top_p": 1.0,
+                "top_k": 50,
+                "repetition_penalty": 1.05,
+                "predictor": {"strategy": "sample", "temperature": 0.9, "top_p": 1.0, "top_k": 50},
+            },
             "stream": True,
         }
         row.update(extra)
@@ -213,8 +267,15 @@ def run_dirs(root: Path) -> Iterator[Path]:
     yield from sorted(p.parent for p in root.glob("runs/*/*/*/requests.jsonl"))
 
 
-def build_bundle(server_url: str, out: Path, engines: list[str] | None = None, profiles: str = "B3,R40",
-                 requests: int = 4, warmups: int = 1, rounds: int = 1) -> Path:
+def build_bundle(
+    server_url: str,
+    out: Path,
+    engines: list[str] | None = None,
+    profiles: str = "B3,R40",
+    requests: int = 4,
+    warmups: int = 1,
+    rounds: int = 1,
+) -> Path:
     """Run ``evidence run`` in-process against the fake server and return the bundle directory."""
     import os
 
@@ -228,9 +289,25 @@ def build_bundle(server_url: str, out: Path, engines: list[str] | None = None, p
         f"id=peer-sse,url={server_url},api=openai,response=sse,role=baseline,pid={pid}",
         f"id=peer-wav,url={server_url},api=wav,role=reference,pid={pid}",
     ]
-    argv = ["evidence", "run", "--workload", str(workload), "--out", str(out), "--profile", profiles,
-            "--requests", str(requests), "--warmups", str(warmups), "--rounds", str(rounds), "--idle-seconds", "0.3",
-            "--quiet"]
+    argv = [
+        "evidence",
+        "run",
+        "--workload",
+        str(workload),
+        "--out",
+        str(out),
+        "--profile",
+        profiles,
+        "--requests",
+        str(requests),
+        "--warmups",
+        str(warmups),
+        "--rounds",
+        str(rounds),
+        "--idle-seconds",
+        "0.3",
+        "--quiet",
+    ]
     for spec in specs:
         argv += ["--engine", spec]
     code = main(argv)

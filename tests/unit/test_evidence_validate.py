@@ -94,7 +94,9 @@ def _edit_requests(bundle: Path, edit: Any) -> Path:
 def test_removed_request_fails_counts(bundle: Path) -> None:
     def remove(run: Path, records: list[dict[str, Any]]) -> None:
         dropped = records.pop()
-        packets = [p for p in read_jsonl(run / "packets.jsonl") if p["request_index"] != dropped["request_index"]]
+        packets = [
+            p for p in read_jsonl(run / "packets.jsonl") if p["request_index"] != dropped["request_index"]
+        ]
         write_jsonl(run / "packets.jsonl", packets)
 
     _edit_requests(bundle, remove)
@@ -131,8 +133,10 @@ def _rewrite_telemetry(bundle: Path, edit: Any) -> Path:
     (run / "run-resource.json").write_text(json.dumps(resource, indent=2) + "\n")
     manifest = json.loads((bundle / "manifest.json").read_text())
     key = (resource["engine_id"], resource["profile_id"], resource["round"])
-    manifest["run_resources"] = [resource if (r["engine_id"], r["profile_id"], r["round"]) == key else r
-                                 for r in manifest["run_resources"]]
+    manifest["run_resources"] = [
+        resource if (r["engine_id"], r["profile_id"], r["round"]) == key else r
+        for r in manifest["run_resources"]
+    ]
     if any(s["gpu"] == "nvml" for s in samples):
         manifest["system"]["gpu_telemetry"] = "nvml"
     (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -143,7 +147,7 @@ def _rewrite_telemetry(bundle: Path, edit: Any) -> Path:
 def test_telemetry_gap_fails(bundle: Path) -> None:
     def drop_middle(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         middle = len(samples) // 2
-        return samples[:middle - 2] + samples[middle + 2:]
+        return samples[: middle - 2] + samples[middle + 2 :]
 
     _rewrite_telemetry(bundle, drop_middle)
     assert "telemetry.continuity" in checks(bundle)
@@ -153,13 +157,27 @@ def test_competing_process_fails(bundle: Path) -> None:
     def competing(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for sample in samples:
             target = sample["target_pids"][0]
-            sample.update(gpu="nvml", gpus=[{
-                "index": 0, "uuid": "GPU-test", "power_w": 100.0, "memory_used_bytes": 2**30,
-                "memory_total_bytes": 2**34, "utilization_gpu_percent": 50.0, "utilization_memory_percent": 10.0,
-                "sm_clock_mhz": 1500, "memory_clock_mhz": 2600}],
-                gpu_processes=[{"gpu_index": 0, "pid": target, "used_memory_bytes": 2**29, "target": True}])
+            sample.update(
+                gpu="nvml",
+                gpus=[
+                    {
+                        "index": 0,
+                        "uuid": "GPU-test",
+                        "power_w": 100.0,
+                        "memory_used_bytes": 2**30,
+                        "memory_total_bytes": 2**34,
+                        "utilization_gpu_percent": 50.0,
+                        "utilization_memory_percent": 10.0,
+                        "sm_clock_mhz": 1500,
+                        "memory_clock_mhz": 2600,
+                    }
+                ],
+                gpu_processes=[{"gpu_index": 0, "pid": target, "used_memory_bytes": 2**29, "target": True}],
+            )
         middle = samples[len(samples) // 2]
-        middle["gpu_processes"].append({"gpu_index": 0, "pid": 4242, "used_memory_bytes": 2**20, "target": False})
+        middle["gpu_processes"].append(
+            {"gpu_index": 0, "pid": 4242, "used_memory_bytes": 2**20, "target": False}
+        )
         middle["competing_gpu_processes"] = 1
         return samples
 
@@ -176,7 +194,9 @@ def test_every_failure_is_reported(bundle: Path) -> None:
 
     _edit_requests(bundle, edit)
     run = next(run_dirs(bundle))
-    (run / "summary.json").write_text((run / "summary.json").read_text().replace('"warmups": 1', '"warmups": 24'))
+    (run / "summary.json").write_text(
+        (run / "summary.json").read_text().replace('"warmups": 1', '"warmups": 24')
+    )
     (bundle / "stray.txt").write_text("not declared\n")
     found = checks(bundle, allow=False)
     assert {"rtf.request", "records.identity", "summary.identity", "hash.sums", "fixture.flag"} <= found
@@ -196,7 +216,9 @@ def test_production_claim_enforces_the_protocol(bundle: Path) -> None:
 
 def test_unsupported_version_and_bad_json(bundle: Path) -> None:
     manifest_path = bundle / "manifest.json"
-    manifest_path.write_text(manifest_path.read_text().replace('"schema_version": "2.0"', '"schema_version": "3.0"'))
+    manifest_path.write_text(
+        manifest_path.read_text().replace('"schema_version": "2.0"', '"schema_version": "3.0"')
+    )
     assert "manifest.version" in checks(bundle)
     manifest_path.write_text('{"a": 1, "a": 2}')
     assert {"manifest.json", "hash.sums"} <= checks(bundle)
@@ -205,8 +227,19 @@ def test_unsupported_version_and_bad_json(bundle: Path) -> None:
 
 def test_report_renders(pristine: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    assert main(["evidence", "report", str(pristine.with_name(pristine.name + ".tar.zst")), "-o", str(out),
-                 "--allow-test-fixture"]) == 0
+    assert (
+        main(
+            [
+                "evidence",
+                "report",
+                str(pristine.with_name(pristine.name + ".tar.zst")),
+                "-o",
+                str(out),
+                "--allow-test-fixture",
+            ]
+        )
+        == 0
+    )
     html = (out / "index.html").read_text()
     images = [part.split('"', 1)[0] for part in html.split('<img src="')[1:]]
     assert len(images) >= 4

@@ -27,7 +27,7 @@ def _decode_multipart(body: bytes, step: int) -> MultipartDecoder:
     decoder = MultipartDecoder(MultipartParser(boundary))
     decoder.begin({"x-request-id": REQUEST_ID, "x-qwen3-seed": "7"})
     for i in range(0, len(body), step):
-        decoder.feed(body[i:i + step], t_ns=i)
+        decoder.feed(body[i : i + step], t_ns=i)
     decoder.close()
     return decoder
 
@@ -50,7 +50,7 @@ def test_payload_containing_the_boundary_is_not_a_delimiter() -> None:
     # Overwrite the start of the single audio payload with the delimiter bytes: framing must ignore them.
     audio_at = body.index(b"X-Final: true\r\n\r\n") + len(b"X-Final: true\r\n\r\n")
     forged = f"\r\n--{boundary}--\r\n".encode()
-    body = body[:audio_at] + forged + body[audio_at + len(forged):]
+    body = body[:audio_at] + forged + body[audio_at + len(forged) :]
     decoder = _decode_multipart(body, 5)
     assert decoder.pcm_bytes == 3840
 
@@ -75,7 +75,10 @@ def test_multipart_first_audio_time_is_first_payload_byte() -> None:
         (lambda c: c[:-1], "truncated_stream"),
         (lambda c: [c[0], c[2], *c[1:2], *c[3:]], "discontinuous_stream"),
         (lambda c: c[1:], "protocol_error"),
-        (lambda c: [c[0], c[1].replace(b"Content-Length: 3840", b"Content-Length: 3842"), *c[2:]], "protocol_error"),
+        (
+            lambda c: [c[0], c[1].replace(b"Content-Length: 3840", b"Content-Length: 3842"), *c[2:]],
+            "protocol_error",
+        ),
     ],
 )
 def test_multipart_violations(mutate, code: str) -> None:
@@ -107,7 +110,7 @@ def test_wav_decoder(step: int) -> None:
     decoder = WavDecoder()
     decoder.begin({"x-finish-reason": "stop"})
     for i in range(0, len(data), step):
-        decoder.feed(data[i:i + step], i)
+        decoder.feed(data[i : i + step], i)
     decoder.close()
     assert decoder.pcm_bytes == len(pcm) and decoder.finish_reason == "stop"
     assert decoder.packets[0].arrival_ns == (44 // step) * step
@@ -147,14 +150,21 @@ def test_raw_pcm_arrivals_and_alignment() -> None:
 
 def test_sse_decoder() -> None:
     pcm = pcm_for(4, 1)
-    events = b"".join(
-        b"data: " + json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(pcm[i:i + 1000]).decode()}).encode()
-        + b"\r\n\r\n" for i in range(0, len(pcm), 1000)
-    ) + b'data: {"type":"speech.audio.done"}\n\n'
+    events = (
+        b"".join(
+            b"data: "
+            + json.dumps(
+                {"type": "speech.audio.delta", "audio": base64.b64encode(pcm[i : i + 1000]).decode()}
+            ).encode()
+            + b"\r\n\r\n"
+            for i in range(0, len(pcm), 1000)
+        )
+        + b'data: {"type":"speech.audio.done"}\n\n'
+    )
     decoder = SseDecoder()
     decoder.begin({"content-type": "text/event-stream"})
     for i in range(0, len(events), 13):
-        decoder.feed(events[i:i + 13], i)
+        decoder.feed(events[i : i + 13], i)
     decoder.close()
     assert decoder.pcm_bytes == len(pcm) and len(decoder.packets) == 4
     unfinished = SseDecoder()
@@ -165,13 +175,25 @@ def test_sse_decoder() -> None:
 
 
 def test_adapters_build_the_documented_requests() -> None:
-    row = parse_workload(b'{"id":"a","text":"Hi there","voice_description":"calm","seed":3,"stream":true}\n').rows[0]
+    row = parse_workload(
+        b'{"id":"a","text":"Hi there","voice_description":"calm","seed":3,"stream":true}\n'
+    ).rows[0]
     native = make_adapter("native").prepare(row, REQUEST_ID)
     assert native.path == "/v1/voice-design/speech" and native.headers["x-request-id"] == REQUEST_ID
-    assert json.loads(native.body) == {"text": "Hi there", "voice_description": "calm", "seed": 3, "stream": True}
+    assert json.loads(native.body) == {
+        "text": "Hi there",
+        "voice_description": "calm",
+        "seed": 3,
+        "stream": True,
+    }
     openai = make_adapter("openai", response="sse").prepare(row, REQUEST_ID)
-    assert json.loads(openai.body) == {"model": "qwen3-tts-1.7b-voice-design", "input": "Hi there", "voice": "calm",
-                                       "response_format": "pcm", "stream_format": "sse"}
+    assert json.loads(openai.body) == {
+        "model": "qwen3-tts-1.7b-voice-design",
+        "input": "Hi there",
+        "voice": "calm",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
     assert openai.api_parity_reasons
     wav = make_adapter("wav").prepare(row, REQUEST_ID)
     assert json.loads(wav.body)["stream"] is False and json.loads(wav.body)["output_format"] == "wav"

@@ -66,19 +66,33 @@ def test_malformed_workloads_are_rejected(line: bytes) -> None:
 
 def test_normalization_spells_out_defaults() -> None:
     implicit = parse_workload(_row(seed=1, sampling={})).rows[0]
-    explicit = parse_workload(_row(seed=1, sampling={
-        "strategy": "sample", "temperature": 0.9, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.05,
-        "predictor": {"strategy": "sample", "temperature": 0.9, "top_p": 1.0, "top_k": 50}})).rows[0]
+    explicit = parse_workload(
+        _row(
+            seed=1,
+            sampling={
+                "strategy": "sample",
+                "temperature": 0.9,
+                "top_p": 1.0,
+                "top_k": 50,
+                "repetition_penalty": 1.05,
+                "predictor": {"strategy": "sample", "temperature": 0.9, "top_p": 1.0, "top_k": 50},
+            },
+        )
+    ).rows[0]
     assert normalized_sampling(implicit) == normalized_sampling(explicit)
     assert normalized_sampling_sha256(normalized_sampling(implicit)) == normalized_sampling_sha256(
-        normalized_sampling(explicit))
+        normalized_sampling(explicit)
+    )
     assert parity_reasons(explicit) == []
     assert "sampling.temperature not explicit" in parity_reasons(implicit)
     greedy = parse_workload(_row(sampling={"strategy": "greedy"})).rows[0]
     assert normalized_sampling(greedy)["talker"]["temperature"] is None
     assert normalized_sampling(greedy)["predictor"]["strategy"] == "greedy"
     assert parity_reasons(greedy) == [
-        "seed not explicit", "sampling.repetition_penalty not explicit", "sampling.predictor not explicit"]
+        "seed not explicit",
+        "sampling.repetition_penalty not explicit",
+        "sampling.predictor not explicit",
+    ]
     assert normalized_sampling(parse_workload(_row()).rows[0])["talker"] is None
 
 

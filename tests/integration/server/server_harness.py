@@ -157,7 +157,7 @@ def parse_multipart(content_type: str, body: bytes) -> Stream:
 
 
 def check_positions(stream: Stream, complete: bool = True) -> None:
-    """Contiguous zero-based positions, 1 frame first, at most 4 after; only a complete stream's last is final."""
+    """Contiguous zero-based positions, 1 frame first, then at most 4; a complete stream's last is final."""
     frame = sample = 0
     for index, (headers, payload) in enumerate(stream.audio):
         frames = int(headers["X-Codec-Frames"])

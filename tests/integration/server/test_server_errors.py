@@ -80,7 +80,7 @@ def test_body_shape_errors_are_400(server: ServerProcess, raw: bytes, code: str)
     ],
 )
 def test_value_errors_are_422(server: ServerProcess, fields: dict[str, Any], code: str) -> None:
-    assert_problem(post(server, speech_body(max_duration_seconds=0.2, **fields)), 422, code)
+    assert_problem(post(server, speech_body(**{"max_duration_seconds": 0.2, **fields})), 422, code)
 
 
 def test_validation_order_text_first_then_header(server: ServerProcess) -> None:

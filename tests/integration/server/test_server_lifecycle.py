@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -158,3 +160,31 @@ def test_sigterm_drains_then_exits_zero(tiny_model: Path, tmp_path: Path) -> Non
     assert [t["error"]["code"] for t in terminals[:2]] == ["server_shutting_down"] * 2
     assert terminals[2]["type"] == "end"
     assert "drained; stopping" in server.log()
+
+
+@pytest.mark.slow
+def test_slow_client_is_cancelled_and_frees_the_slot(single_slot_server: ServerProcess) -> None:
+    """A client that stops reading is cancelled after the slow-client timeout (2 s on this server).
+
+    Slow because the loopback socket buffers absorb several hundred KB (minutes of tiny-model frames on a
+    busy 2-core machine) before the server's send actually blocks.
+    """
+    server = single_slot_server
+    cancelled = server.metric("qwen3_tts_cancelled_requests_total")
+    body = json.dumps(LONG).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(
+            b"POST /v1/voice-design/speech HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        deadline = time.monotonic() + 60
+        while server.metric("qwen3_tts_cancelled_requests_total") == cancelled:
+            assert time.monotonic() < deadline, "the stalled stream was never cancelled"
+            time.sleep(0.2)
+    assert server.metric("qwen3_tts_active_requests") == 0
+    answer = httpx.post(
+        f"{server.url}/v1/voice-design/speech", json=speech_body(max_duration_seconds=0.2), timeout=60
+    )
+    assert answer.status_code == 200

@@ -1,0 +1,124 @@
+"""The engine thread on the real tiny engine: batching, first-frame priority, backpressure, slots.
+
+The engine is wrapped only to record which calls the scheduler makes; every call goes to the real engine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+from qwen3_tts_native.engine.runtime.request import AudioPacket, FrameResult, SynthesisRequest, TalkerSampling
+from qwen3_tts_native.engine.runtime.scheduler import (
+    Event,
+    Failed,
+    Finished,
+    RequestHandle,
+    Scheduler,
+    SchedulerFull,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class RecordingEngine:
+    """Forwards to a real engine and logs ("prefill", request text) / ("step", batch size) calls."""
+
+    def __init__(self, engine: VoiceDesignEngine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def start_session(self, request: SynthesisRequest) -> Any:
+        return self.engine.start_session(request)
+
+    def prefill(self, session: Any) -> FrameResult:
+        with self.lock:
+            self.calls.append(("prefill", session.request.text))
+        return self.engine.prefill(session)
+
+    def step(self, sessions: list[Any]) -> list[FrameResult]:
+        with self.lock:
+            self.calls.append(("step", len(sessions)))
+        return self.engine.step(sessions)
+
+    def decode_packet(self, session: Any, frames: torch.Tensor) -> bytes:
+        return self.engine.decode_packet(session, frames)
+
+    def release(self, session: Any) -> None:
+        self.engine.release(session)
+
+
+def request(text: str, frames: int) -> SynthesisRequest:
+    return SynthesisRequest(
+        text,
+        "A calm voice.",
+        seed=len(text),
+        max_frames=frames,
+        talker_sampling=TalkerSampling(repetition_penalty=1.0),
+    )
+
+
+def drain(handle: RequestHandle, timeout: float = 120) -> list[Event]:
+    events: list[Event] = []
+    deadline = time.monotonic() + timeout
+    while not events or isinstance(events[-1], AudioPacket):
+        event = handle.poll()
+        if event is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        else:
+            events.append(event)
+    return events
+
+
+@pytest.fixture
+def recording(reference_engine: VoiceDesignEngine) -> RecordingEngine:
+    return RecordingEngine(reference_engine)
+
+
+def test_batches_first_frame_priority_and_slots(recording: RecordingEngine) -> None:
+    scheduler = Scheduler(recording, capacity=2)
+    try:
+        first = scheduler.submit(request("first", 12), lambda: None)
+        while (head := first.poll()) is None:  # "first" is generating: the next request joins a running batch
+            time.sleep(0.001)
+        second = scheduler.submit(request("second", 6), lambda: None)
+        with pytest.raises(SchedulerFull):
+            scheduler.submit(request("third", 6), lambda: None)
+        events = drain(second), [head, *drain(first)]
+    finally:
+        scheduler.close(30)
+
+    for stream in events:
+        assert isinstance(stream[-1], Finished) and stream[-1].finish_reason == "length"
+        packets = [e for e in stream if isinstance(e, AudioPacket)]
+        assert packets[0].frame_count == 1 and [p.is_final for p in packets][-1]
+    calls = recording.calls
+    second_prefill = calls.index(("prefill", "second"))
+    assert ("step", 2) in calls[second_prefill:], "the two sessions never shared a step"
+    assert all(call == ("step", 1) for call in calls[1:second_prefill])
+    assert scheduler.used_slots == 0
+
+
+def test_a_full_queue_pauses_only_its_own_session(recording: RecordingEngine) -> None:
+    scheduler = Scheduler(recording, capacity=2, queue_packets=2)
+    try:
+        stalled = scheduler.submit(request("stalled", 60), lambda: None)
+        flowing = scheduler.submit(request("flowing", 24), lambda: None)
+        flowing_events = drain(flowing)
+        generated = stalled.metrics.generated_codec_frames
+        time.sleep(0.3)
+        # Two queued packets (1 + 4 frames) and one frame towards the next: then the session is skipped.
+        assert generated == stalled.metrics.generated_codec_frames == 1 + 4 + 1
+        stalled.cancel()
+        assert isinstance(drain(stalled)[-1], Failed)
+    finally:
+        scheduler.close(30)
+    assert isinstance(flowing_events[-1], Finished)
+    assert scheduler.used_slots == 0
