@@ -10,7 +10,9 @@ parity tests, demos and benchmarks run without downloading the 4.5 GB checkpoint
   its real id (``<|im_start|>`` 151644 ... ``<tts_text_eod>`` 151673);
 - ``model.safetensors`` (talker + code predictor, BF16) and ``speech_tokenizer/`` (config, preprocessor
   config, ModelScope ``configuration.json``, F32 ``model.safetensors`` with the decoder, plus the unused
-  Mimi encoder for ``full``).
+  Mimi encoder for ``full``);
+- ``qwen3-tts-manifest.json``: the snapshot's identity manifest (``engine/identity.py``, repository
+  ``local/random-<preset>-seed<seed>``), so ``serve`` accepts it.
 
 Weights are a pure function of (preset, seed, tensor name): each tensor has its own generator, and
 safetensors files are streamed tensor by tensor (in row chunks for the big embedding), so ``full``
@@ -45,6 +47,7 @@ from .config import (
     parse_speech_decoder_config,
     parse_talker_config,
 )
+from .identity import MANIFEST_FILENAME, build_manifest, write_manifest
 from .snapshot import (
     DTYPE_BYTES,
     MODEL_FILE,
@@ -59,7 +62,7 @@ Preset = Literal["tiny", "full"]
 PRESETS: tuple[Preset, ...] = ("tiny", "full")
 ProgressCallback = Callable[[int, int], None]  # (bytes written so far, total bytes)
 
-GENERATOR_VERSION = 1  # bump whenever the written bytes change for a given (preset, seed)
+GENERATOR_VERSION = 2  # bump whenever the written bytes change for a given (preset, seed)
 TEXT_VOCAB_BASE = 151643  # ids below this are BPE tokens; the added tokens start here
 
 # (id, content, special) of the real Qwen3-TTS tokenizer_config.json added_tokens_decoder.
@@ -628,6 +631,12 @@ def _fill_snapshot(root: Path, preset: Preset, seed: int, progress: ProgressCall
     _write_json(speech_dir / "configuration.json", MODELSCOPE_CONFIGURATION)
     write_safetensors(root / MODEL_FILE, model_specs, produce, advance)
     write_safetensors(speech_dir / "model.safetensors", speech_specs, produce, advance)
+    write_manifest(build_manifest(root, random_repository(preset, seed)), root / MANIFEST_FILENAME)
+
+
+def random_repository(preset: Preset, seed: int) -> str:
+    """The manifest's repository name of a random snapshot (its revision is the content id)."""
+    return f"local/random-{preset}-seed{seed}"
 
 
 def write_random_snapshot(out_dir: str | Path, preset: Preset, seed: int,

@@ -4,7 +4,8 @@ It lets ``qwen3-tts synthesize`` and ``serve`` run without downloading the real 
 random, so the audio is noise, not speech. The snapshot lives in the user cache directory
 (``platformdirs.user_cache_dir``, honouring ``XDG_CACHE_HOME``), is keyed by the generator version and
 seed, and is written atomically, so concurrent first runs and interrupted runs never leave a
-half-written snapshot behind; later runs reuse it.
+half-written snapshot behind; later runs reuse it. Like every random snapshot it carries its identity
+manifest (``qwen3-tts-manifest.json``).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ The client measures every implementation the same way; only these adapters know 
 - ``native``: our ``POST /v1/voice-design/speech`` (progressive multipart PCM, or buffered WAV when the row
   says ``stream: false``), with every contract invariant checked (seed contract §1.5).
 - ``openai``: an OpenAI-style ``POST /v1/audio/speech`` (raw PCM stream, SSE deltas or a WAV body), the
-  API most peers expose. It carries no seed or sampling controls, so its requests never qualify for
-  sampling parity.
+  API most peers expose. The plain API carries no seed, language, duration cap or sampling controls;
+  where a server accepts them, ``fields`` forwards those workload fields verbatim, and only a request
+  that carries both seed and sampling can qualify for sampling parity.
 - ``wav``: a buffered-WAV server taking our JSON body (``stream: false``, ``output_format: wav``), e.g. the
   official generation loop behind a thin HTTP wrapper.
 
@@ -41,6 +42,8 @@ SAMPLE_RATE_HZ = 24000
 SAMPLES_PER_CODEC_FRAME = 1920
 NATIVE_MODEL_ID = "qwen3-tts-1.7b-voice-design"
 API_NAMES = ("native", "openai", "wav")
+OPENAI_FIELDS = ("language", "seed", "max_duration_seconds", "sampling")
+"""Workload fields the openai adapter can forward (``fields``) to a server that accepts them."""
 PACKET_KINDS = ("native_audio_packet", "raw_pcm_transport_arrival", "wav_data_arrival", "sse_audio_delta")
 
 
@@ -459,12 +462,19 @@ class NativeAdapter:
 
 @dataclass(frozen=True)
 class OpenAIAdapter:
-    """``POST /v1/audio/speech`` with ``input`` = text and ``voice`` = the voice description."""
+    """``POST /v1/audio/speech`` with ``input`` = text and ``voice`` = the voice description, plus the
+    workload fields named in ``fields`` (a subset of ``OPENAI_FIELDS``) where the row has them."""
 
     path: str = "/v1/audio/speech"
     model: str = NATIVE_MODEL_ID
     response: str = "pcm"
+    fields: tuple[str, ...] = ()
     name: str = "openai"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.fields) - set(OPENAI_FIELDS))
+        if unknown:
+            raise ValueError(f"openai fields {unknown}: choose from {', '.join(OPENAI_FIELDS)}")
 
     def prepare(self, row: WorkloadRow, request_id: str) -> PreparedRequest:
         body: dict[str, Any] = {"model": self.model, "input": row.text, "voice": row.voice_description}
@@ -473,13 +483,16 @@ class OpenAIAdapter:
         else:
             body["response_format"] = "pcm"
             body["stream_format"] = "sse" if self.response == "sse" else "audio"
+        body.update({name: row.raw[name] for name in self.fields if name in row.raw})
+        missing = [name for name in ("seed", "sampling") if name not in self.fields]
+        reasons = (f"the openai request carries no {' or '.join(missing)}",) if missing else ()
         return PreparedRequest(
             method="POST",
             path=self.path,
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", "x-request-id": request_id},
             body=_json_body(body),
             streaming=self.response != "wav",
-            api_parity_reasons=("the openai API carries no seed, language or sampling controls",),
+            api_parity_reasons=reasons,
         )
 
     def decoder(self, headers: Mapping[str, str]) -> ResponseDecoder:
@@ -515,16 +528,26 @@ class WavAdapter:
 
 
 def make_adapter(
-    api: str, path: str | None = None, model: str | None = None, response: str | None = None
+    api: str,
+    path: str | None = None,
+    model: str | None = None,
+    response: str | None = None,
+    fields: tuple[str, ...] = (),
 ) -> Adapter:
-    """The adapter for an API name, with optional path / model / response-format overrides."""
+    """The adapter for an API name, with optional path / model / response-format / forwarded-field
+    overrides (model, response and fields: openai only)."""
+    if fields and api != "openai":
+        raise ValueError("fields applies to the openai API only (native and wav send every workload field)")
     if api == "native":
         return NativeAdapter(path=path or NativeAdapter.path)
     if api == "openai":
         if response not in (None, "pcm", "wav", "sse"):
             raise ValueError("openai response must be pcm, wav or sse")
         return OpenAIAdapter(
-            path=path or OpenAIAdapter.path, model=model or NATIVE_MODEL_ID, response=response or "pcm"
+            path=path or OpenAIAdapter.path,
+            model=model or NATIVE_MODEL_ID,
+            response=response or "pcm",
+            fields=fields,
         )
     if api == "wav":
         return WavAdapter(path=path or WavAdapter.path)

@@ -4,6 +4,11 @@ Order (seed protocol): rounds alternate the engine order (round 1 as given, roun
 that no engine always runs first on a cold or a warm machine. Every run gets its own telemetry file,
 idle baseline and warm-ups. The bundle is built in ``<out>.partial`` and renamed only when complete, so
 a crash leaves every record measured so far in the partial directory and never a half-sealed bundle.
+
+Engines are either already running (their URLs answer for the whole run) or brought up one at a time by
+a ``serve`` hook: a context manager entered around each stretch of consecutive runs of one engine, which
+starts its server, yields the live spec (its pid), and stops it on exit, so that no two engines share the
+GPU. Server pids are recorded while each engine is measured, not when the manifest is written.
 """
 
 from __future__ import annotations
@@ -11,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .adapters import API_NAMES, make_adapter
+from .adapters import API_NAMES, OPENAI_FIELDS, Adapter, make_adapter
 from .bundle import MANIFEST, RUN_FILES, WORKLOAD_PATH, RunKey, pack, sha256_file, write_sums
 from .client import CLIENT_SCHEMA, PhaseClock, Profile, RunFiles, RunSpec, check_ready, run_load
 from .jsonio import iter_jsonl_strict, jsonl_line, pretty_bytes
@@ -48,6 +55,7 @@ ENGINE_KEYS = frozenset(
         "response",
         "commit",
         "source",
+        "fields",
     }
 )
 
@@ -97,6 +105,8 @@ class EngineSpec:
     response: str | None = None
     commit: str | None = None
     source: str | None = None
+    fields: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> EngineSpec:
@@ -126,6 +136,8 @@ class EngineSpec:
             raise ValueError(f"engine api must be one of {API_NAMES}")
         if role not in ROLES:
             raise ValueError(f"engine role must be one of {ROLES}")
+        if "fields" in fields and not set(fields["fields"].split("+")) <= set(OPENAI_FIELDS):
+            raise ValueError(f"engine fields must be '+'-joined names from {OPENAI_FIELDS}")
         spec = cls(
             id=fields["id"],
             url=f"{parts.scheme}://{parts.netloc}",
@@ -140,9 +152,21 @@ class EngineSpec:
             response=fields.get("response"),
             commit=fields.get("commit"),
             source=fields.get("source"),
+            fields=tuple(fields["fields"].split("+")) if "fields" in fields else (),
         )
-        make_adapter(spec.api, spec.path, spec.model, spec.response)
+        spec.adapter()
         return spec
+
+    def adapter(self) -> Adapter:
+        """This engine's API adapter (raises ValueError for an inconsistent spec)."""
+        return make_adapter(self.api, self.path, self.model, self.response, self.fields)
+
+    def manifest_notes(self) -> list[str]:
+        """The implementation's notes: the given ones plus the forwarded openai fields."""
+        notes = list(self.notes)
+        if self.fields:
+            notes.append(f"openai requests carry the workload fields {', '.join(self.fields)}")
+        return notes
 
     @property
     def response_format(self) -> str:
@@ -195,6 +219,10 @@ class RunOptions:
     ready_timeout_s: float = 120.0
 
 
+ServeHook = Callable[["EngineSpec"], AbstractContextManager["EngineSpec"]]
+"""Brings one engine's server up for a stretch of its runs and yields the live spec (with its pid)."""
+
+
 def run_order(
     engines: Sequence[EngineSpec], profiles: Sequence[Profile], rounds: int
 ) -> list[tuple[EngineSpec, Profile, int]]:
@@ -220,6 +248,7 @@ def measure_run(
     round_number: int,
     root: Path,
     on_request: Callable[[bool], None],
+    server_pids: tuple[int, ...],
 ) -> dict[str, Any]:
     """Run one (engine, profile, round) with telemetry; write its six files; return its run resource."""
     key = RunKey(engine.id, profile.id, round_number)
@@ -228,7 +257,7 @@ def measure_run(
     spec = RunSpec(
         engine_id=engine.id,
         base_url=engine.url,
-        adapter=make_adapter(engine.api, engine.path, engine.model, engine.response),
+        adapter=engine.adapter(),
         profile=profile,
         round=round_number,
         warmups=options.warmups,
@@ -243,7 +272,7 @@ def measure_run(
     telemetry = TelemetryConfig(
         path=run_dir / RUN_FILES["telemetry"][0],
         interval_ms=options.interval_ms,
-        server_pids=engine.server_pids(),
+        server_pids=server_pids,
         gpu_indices=engine.gpus,
     )
     try:
@@ -319,9 +348,13 @@ def _evidence_files(root: Path, runs: Sequence[RunKey]) -> list[dict[str, Any]]:
 
 
 def build_manifest(
-    options: RunOptions, root: Path, runs: Sequence[RunKey], resources: Sequence[dict[str, Any]]
+    options: RunOptions,
+    root: Path,
+    runs: Sequence[RunKey],
+    resources: Sequence[dict[str, Any]],
+    server_pids: Mapping[str, Sequence[int]],
 ) -> dict[str, Any]:
-    """The schema 2.0 manifest for a finished set of runs."""
+    """The schema 2.0 manifest for a finished set of runs (``server_pids``: per engine id, as measured)."""
     system = describe_system(options.hostname_alias)
     limitations = list(options.limitations)
     if system["gpu_telemetry"] == "unavailable":
@@ -385,7 +418,7 @@ def build_manifest(
                     "version": e.version,
                     "api": e.api,
                     "endpoint": e.url,
-                    "request_path": make_adapter(e.api, e.path, e.model, e.response).path,
+                    "request_path": e.adapter().path,
                     "response_format": e.response_format,
                     "streaming_semantics": {
                         "multipart": "progressive multipart PCM packets",
@@ -393,12 +426,12 @@ def build_manifest(
                         "sse": "server-sent base64 PCM deltas",
                         "wav": "buffered WAV body",
                     }[e.response_format],
-                    "server_pids": list(e.server_pids()),
+                    "server_pids": list(server_pids.get(e.id, ())),
                     "gpu_indices": list(e.gpus) if e.gpus else None,
                     "source_commit": e.commit,
                     "source_url": e.source,
                     "runtime_components": [],
-                    "notes": [],
+                    "notes": e.manifest_notes(),
                 }
                 for e in options.engines
             ],
@@ -421,24 +454,46 @@ def execute(
     options: RunOptions,
     on_request: Callable[[bool], None],
     on_run: Callable[[EngineSpec, Profile, int], None],
+    serve: ServeHook | None = None,
 ) -> Path:
-    """Measure every run and seal the bundle; returns the bundle directory (raises RunAborted on failure)."""
+    """Measure every run and seal the bundle; returns the bundle directory (raises RunAborted on failure).
+
+    Without ``serve`` every engine must already be up (native-API engines are checked for readiness
+    first); with it, each stretch of consecutive runs of one engine runs inside ``serve(engine)``."""
     if options.out.exists():
         raise FileExistsError(f"{options.out} already exists")
     partial = options.out.with_name(options.out.name + ".partial")
     partial.mkdir(parents=True)
     (partial / WORKLOAD_PATH).parent.mkdir()
     _write_new(partial / WORKLOAD_PATH, options.workload.data)
-    for engine in options.engines:
+
+    def ready(engine: EngineSpec) -> None:
         if engine.api == "native":
             asyncio.run(check_ready(engine.url, "/health/ready", options.ready_timeout_s))
+
+    if serve is None:
+        for engine in options.engines:
+            ready(engine)
     runs: list[RunKey] = []
     resources: list[dict[str, Any]] = []
-    for engine, profile, round_number in run_order(options.engines, options.profiles, options.rounds):
-        on_run(engine, profile, round_number)
-        resources.append(measure_run(options, engine, profile, round_number, partial, on_request))
-        runs.append(RunKey(engine.id, profile.id, round_number))
-    _write_new(partial / MANIFEST, pretty_bytes(build_manifest(options, partial, runs, resources)))
+    pids: dict[str, list[int]] = {}
+    order = run_order(options.engines, options.profiles, options.rounds)
+    for engine, stretch in itertools.groupby(order, key=lambda item: item[0]):
+        with serve(engine) if serve is not None else nullcontext(engine) as live:
+            if (live.id, live.url) != (engine.id, engine.url):
+                raise ValueError(f"the serve hook changed engine {engine.id}'s id or url")
+            if serve is not None:
+                ready(live)
+            live_pids = live.server_pids()
+            pids.setdefault(engine.id, []).extend(p for p in live_pids if p not in pids[engine.id])
+            for _, profile, round_number in stretch:
+                on_run(live, profile, round_number)
+                resources.append(
+                    measure_run(options, live, profile, round_number, partial, on_request, live_pids)
+                )
+                runs.append(RunKey(engine.id, profile.id, round_number))
+    manifest = build_manifest(options, partial, runs, resources, pids)
+    _write_new(partial / MANIFEST, pretty_bytes(manifest))
     write_sums(partial)
     os.replace(partial, options.out)
     pack(options.out)

@@ -247,15 +247,28 @@ def import_official_model() -> Any:
     return modeling_qwen3_tts
 
 
-def build_official_model(tensors: dict[str, Tensor], attn_implementation: str = "eager") -> Any:
-    """Qwen3TTSForConditionalGeneration on the tiny config, fp32, loaded (strictly) with `tensors`."""
+def build_official_model(
+    tensors: dict[str, Tensor], attn_implementation: str = "eager", dtype: torch.dtype = torch.float32
+) -> Any:
+    """Qwen3TTSForConditionalGeneration on the tiny config in `dtype`, loaded (strictly) with `tensors`.
+
+    Built the way `from_pretrained(dtype=...)` builds it: the modules are created under `dtype` as the
+    default dtype, so the parameters are `dtype` but buffers created explicitly in fp32 (the RoPE
+    `inv_freq`) stay fp32. `model.to(torch.bfloat16)` would also round `inv_freq` to bf16 and give
+    different RoPE angles from the official loading path.
+    """
     modeling = import_official_model()
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
 
     config = Qwen3TTSConfig(**copy.deepcopy(TINY_CONFIG_JSON))
     config._attn_implementation = attn_implementation
-    model = modeling.Qwen3TTSForConditionalGeneration(config)
-    model.load_state_dict(tensors, strict=True)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = modeling.Qwen3TTSForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.load_state_dict({name: value.to(dtype) for name, value in tensors.items()}, strict=True)
     return model.eval()
 
 

@@ -25,6 +25,7 @@ import datetime
 import importlib.machinery
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,14 @@ ASSISTANT_TAIL = 5  # <|im_end|> \n <|im_start|> assistant \n: the official code
 # ----------------------------------------------------------------------------------------------------
 # Shared helpers
 # ----------------------------------------------------------------------------------------------------
+
+
+class Terminated(BaseException):
+    """SIGTERM (e.g. from `timeout`): stop measuring, stop the children, write what was measured."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated(f"signal {signum}")
 
 
 def package_version(name: str) -> str | None:
@@ -228,13 +237,19 @@ def compare_codes(official: Tensor, ours: Tensor, frames: int) -> dict[str, Any]
     common = min(official.shape[0], ours.shape[0])
     equal = official[:common] == ours[:common]
     differing = (~equal.all(dim=1)).nonzero()
+    first = int(differing[0]) if len(differing) else None
+    if first is None and official.shape[0] != ours.shape[0]:
+        first = common  # one side stopped (EOS) where the other went on
     return {
         "frames_requested": frames,
         "official_frames": int(official.shape[0]),
         "ours_frames": int(ours.shape[0]),
         "official_eos_early": int(official.shape[0]) < frames,
         "ours_eos_early": int(ours.shape[0]) < frames,
-        "first_differing_frame": int(differing[0]) if len(differing) else None,
+        "first_differing_frame": first,
+        "first_differing_codes": None
+        if first is None or first >= common
+        else {"official": official[first].tolist(), "ours": ours[first].tolist()},
         "codes_matching": int(equal.sum()),
         "codes_total": frames * 16,
         "cb0_matching": int(equal[:, 0].sum()),
@@ -293,8 +308,8 @@ def machine_facts(device: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "transformers": package_version("transformers"),
-        "tokenizers": package_version("tokenizers"),
+        "transformers": None,  # the official side's, filled in from its run
+        "main_env_transformers": package_version("transformers"),  # unused by our engine
         "device": device,
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "driver": None,
@@ -361,6 +376,23 @@ def print_table(report: dict[str, Any]) -> None:
         print("ERROR:", error.splitlines()[0])
 
 
+def finish_reference(
+    reference: subprocess.Popen[bytes], work: Path, deadline: float, report: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Wait for the official side until `deadline` (perf_counter); its result, or None (errors noted)."""
+    try:
+        reference.wait(timeout=max(1.0, deadline - time.perf_counter()))
+    except subprocess.TimeoutExpired:
+        report["errors"].append("official: no result in time (--ref-timeout-s)")
+    result = work / "reference.pt"
+    official: dict[str, Any] | None = torch.load(result) if result.is_file() else None
+    if official is None or official["errors"]:
+        log = (work / "reference.log").read_text(errors="replace")[-4000:]
+        detail = official["errors"][0] if official and official["errors"] else "no result file"
+        report["errors"].append(f"official: {detail}\n--- log tail ---\n{log}")
+    return official
+
+
 def measure(args: argparse.Namespace, modes: list[str], report: dict[str, Any], work: Path) -> None:
     """Both sides (the official one in a subprocess, concurrently) and every comparison, into `report`."""
     made = ensure_snapshot(args.model, args.preset, args.seed)
@@ -372,29 +404,24 @@ def measure(args: argparse.Namespace, modes: list[str], report: dict[str, Any], 
         p["mode"]: {"instruct_ids": len(p["instruct_ids"]), "assistant_ids": len(p["input_ids"])}
         for p in prompts
     }
+    deadline = time.perf_counter() + args.ref_timeout_s
     reference = start_reference(args, prompts, work)
-    started = time.perf_counter()
     engine = ours = None
     try:
-        engine, ours = run_ours(args.model, args.device, prompts, args.frames)
-        report["timing_s"]["ours_load"] = ours["load_s"]
-    except Exception as error:
-        report["errors"].append(f"ours: {type(error).__name__}: {error}\n{traceback.format_exc()}")
-    try:
-        reference.wait(timeout=max(1.0, args.ref_timeout_s - (time.perf_counter() - started)))
-    except subprocess.TimeoutExpired:
-        reference.kill()
-        reference.wait()
-        report["errors"].append(f"official: no result within {args.ref_timeout_s:.0f} s")
-    result = work / "reference.pt"
-    official = torch.load(result) if result.is_file() else None
-    if official is None or official["errors"]:
-        log = (work / "reference.log").read_text(errors="replace")[-4000:]
-        detail = official["errors"][0] if official and official["errors"] else "no result file"
-        report["errors"].append(f"official: {detail}\n--- log tail ---\n{log}")
+        try:
+            engine, ours = run_ours(args.model, args.device, prompts, args.frames)
+            report["timing_s"]["ours_load"] = ours["load_s"]
+        except Exception as error:
+            report["errors"].append(f"ours: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+        official = finish_reference(reference, work, deadline, report)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
     if official is None or ours is None:
         return
-    report["machine"]["reference"] = official.get("versions")
+    versions = official.get("versions") or {}
+    report["machine"].update(reference=versions, transformers=versions.get("transformers"))
     report["timing_s"]["official_load"] = official.get("load_s")
     for mode in modes:
         if mode in official["modes"] and mode in ours["modes"]:
@@ -442,6 +469,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker is not None:
         return run_reference(args.worker)
+    signal.signal(signal.SIGTERM, _terminate)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -472,7 +500,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="foundation-parity-") as tmp:
         try:
             measure(args, modes, report, Path(tmp))
-        except Exception as error:
+        except (Exception, Terminated) as error:
             report["errors"].append(f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
     report["verdict"] = {
         "codes_identical": {mode: row["identical"] for mode, row in report["codes"].items()},

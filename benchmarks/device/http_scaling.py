@@ -49,6 +49,14 @@ WARM_UP_SECONDS = 0.96  # 12 frames per warm-up request
 ACCEPTANCE_RATIO = 8.0
 
 
+class Terminated(BaseException):
+    """SIGTERM (e.g. from `timeout`): stop measuring, stop the server, write what was measured."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 @dataclass
 class StreamResult:
     """One streamed request as the client saw it."""
@@ -194,11 +202,11 @@ def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout_s: float)
 
 
 def stop(server: subprocess.Popen[bytes]) -> int | None:
-    """SIGTERM (the server drains), then SIGKILL after 45 s."""
+    """SIGTERM (the server drains), then SIGKILL after 30 s."""
     if server.poll() is None:
         server.send_signal(signal.SIGTERM)
         try:
-            server.wait(timeout=45)
+            server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
@@ -315,6 +323,7 @@ def main() -> int:
         parser.error("--concurrency levels must be in 1..64")
     args.model = (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()
     args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _terminate)
     report: dict[str, Any] = {
         "schema": "qwen3-tts-native/http-scaling/1",
         "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -335,7 +344,7 @@ def main() -> int:
         log_path = Path(tmp) / "server.log"
         try:
             measure(args, levels, report, log_path)
-        except Exception as error:
+        except (Exception, Terminated) as error:
             report["errors"].append(f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
         if report["errors"] or any(level["failed"] for level in report["levels"]):
             report["server_log_tail"] = (

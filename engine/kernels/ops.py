@@ -114,7 +114,8 @@ def decode_attention(
     """One query per row over its slot's first `lengths` keys: [B, Hq, D] -> [B, Hq*D].
 
     The kernel keeps scores and probabilities in fp32 (the reference rounds scores and weights to bf16),
-    so the tolerance is relative: 2e-2 max-abs / 1e-2 relative-L2 against the reference.
+    so it is judged against float64 attention over the same inputs: relative L2 <= 4e-3, and never
+    farther from float64 than the reference (tests/device/test_kernel_parity.py says why).
     """
     ext = _ext(q, k_cache, v_cache)
     supported = k_cache.shape[-1] in (64, 128) and q.shape[1] // k_cache.shape[1] in (1, 2)

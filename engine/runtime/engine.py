@@ -9,6 +9,7 @@ that brings a session to `max_frames` ends it with "length", so no talker step i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -17,14 +18,15 @@ from torch import Tensor
 from ..audio import float_to_pcm16
 from ..config import VoiceDesignConfig, load_config
 from ..errors import EngineError, InvalidRequestError
-from ..model.codec import SpeechDecoder
+from ..model.codec import CodecStreamState, SpeechDecoder
 from ..model.predictor import CodePredictor
 from ..model.talker import PromptPlanLike, Talker
 from ..prompt import build_prompt_plan
 from ..snapshot import load_speech_decoder_tensors, load_voice_design_tensors
 from ..tokenizer import TextTokenizer
+from .codec_graphs import CodecGraphs, fp32_codec
 from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
-from .sampling import SamplingRows
+from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import Session
 from .step import EagerFrameBackend, FrameBackend, FrameRows
 
@@ -59,6 +61,8 @@ class VoiceDesignEngine:
         self.frame_backend: FrameBackend = EagerFrameBackend()
         """Computes the frames; runtime/graphs.py swaps in CUDA graphs (and grows the cache by its scratch
         slots, which are never handed to a session)."""
+        self.codec_backend: CodecGraphs | None = None
+        """Decodes packets; runtime/codec_graphs.py swaps in CUDA graphs over a slot-indexed state pool."""
 
     @classmethod
     def load(
@@ -116,10 +120,13 @@ class VoiceDesignEngine:
         if not self._free_slots:
             raise EngineError(f"all {self.max_sessions} session slots are in use")
         ts, ps = request.talker_sampling, request.predictor_sampling
+        slot = self._free_slots.pop(0)
+        if self.codec_backend is not None:
+            self.codec_backend.reset(slot)
         return Session(
             request=request,
             plan=plan,
-            slot=self._free_slots.pop(0),
+            slot=slot,
             prompt=prompt,
             prompt_length=prompt.shape[0],
             trailing_text=trailing,
@@ -141,7 +148,10 @@ class VoiceDesignEngine:
             ),
             cb0_history=torch.zeros(self.config.talker.vocab_size, dtype=torch.bool, device=self.device),
             generator=torch.Generator().manual_seed(request.seed),
-            codec_state=None if self.decoder is None else self.decoder.new_stream_state(),
+            device=self.device,
+            codec_state=None
+            if self.decoder is None or self.codec_backend is not None
+            else self.decoder.new_stream_state(),
         )
 
     @torch.no_grad()
@@ -150,7 +160,7 @@ class VoiceDesignEngine:
         if session.released or session.prompt is None:
             raise EngineError("prefill needs a fresh session")
         slot = torch.tensor([session.slot], device=self.device)
-        rows = self._rows([session])
+        rows = self._rows([session], torch.zeros(1, dtype=torch.int64, device=self.device))
         codes = self.frame_backend.prefill_frame(
             self.talker, self.predictor, self.cache, session.prompt, slot, rows
         )
@@ -171,9 +181,12 @@ class VoiceDesignEngine:
                 raise EngineError("step needs prefilled, unfinished, unreleased sessions")
             previous.append(session.last_codes)
         text = torch.stack([s.text_element() for s in sessions])
-        positions = torch.tensor([s.position for s in sessions], device=self.device)
-        slots = torch.tensor([s.slot for s in sessions], device=self.device)
-        rows = self._rows(sessions)
+        # One host-to-device copy for the per-row integers (position, slot, frames so far).
+        meta = torch.tensor([[s.position, s.slot, s.frames_emitted] for s in sessions], dtype=torch.int64).to(
+            self.device
+        )
+        positions, slots = meta[:, 0], meta[:, 1]
+        rows = self._rows(sessions, meta[:, 2])
         codes = self.frame_backend.decode_frames(
             self.talker, self.predictor, self.cache, torch.stack(previous), text, positions, slots, rows
         )
@@ -183,11 +196,48 @@ class VoiceDesignEngine:
 
     def decode_packet(self, session: Session, frames: Tensor) -> bytes:
         """Frames [n, 16] -> PCM16 LE, continuing the session's codec stream."""
-        if self.decoder is None or session.codec_state is None:
+        return self.decode_packets([session], [frames])[0]
+
+    @torch.no_grad()
+    def decode_packets(self, sessions: list[Session], frames: list[Tensor]) -> list[bytes]:
+        """`decode_packet` for several sessions at once: frames[i] [n_i, 16] continues sessions[i]'s stream.
+
+        Sessions whose packets have the same frame count are decoded as one batch (one graph replay with a
+        codec backend, one batched forward over `CodecStreamState.cat` without), and the waveforms come
+        back to the host in one copy per batch.
+        """
+        if self.decoder is None:
             raise EngineError("this engine has no speech decoder")
-        with torch.no_grad():
-            wave = self.decoder.decode_stream(frames.to(self.device), session.codec_state)
-        return float_to_pcm16(wave)
+        if len(sessions) != len(frames) or len({id(s) for s in sessions}) != len(sessions):
+            raise EngineError("decode_packets needs one packet per distinct session")
+        for session in sessions:
+            if session.released or (self.codec_backend is None and session.codec_state is None):
+                raise EngineError("decode_packets needs live sessions")
+        groups: dict[int, list[int]] = {}
+        for index, packet in enumerate(frames):
+            groups.setdefault(packet.shape[0], []).append(index)
+        out: list[bytes] = [b""] * len(sessions)
+        with fp32_codec() if self.device.type == "cuda" else nullcontext():
+            for members in groups.values():
+                codes = torch.stack([frames[i] for i in members]).to(self.device).transpose(1, 2)
+                wave = self._decode_batch([sessions[i] for i in members], codes).cpu()
+                for row, index in enumerate(members):
+                    out[index] = float_to_pcm16(wave[row])
+        return out
+
+    def _decode_batch(self, sessions: list[Session], codes: Tensor) -> Tensor:
+        """codes [B, 16, n] of B sessions -> waveform [B, n * hop] (float32 or wider)."""
+        assert self.decoder is not None
+        if self.codec_backend is not None:
+            return self.codec_backend.decode([s.slot for s in sessions], codes)
+        states = [s.codec_state for s in sessions if s.codec_state is not None]
+        if len(sessions) == 1:
+            return self.decoder.decode_stream(codes[0].T, states[0]).unsqueeze(0)
+        batched = CodecStreamState.cat(states)
+        wave = self.decoder(codes, batched)
+        for index, session in enumerate(sessions):
+            session.codec_state = batched.select(index)
+        return wave
 
     def release(self, session: Session) -> None:
         """Free the session's cache slot (idempotent)."""
@@ -203,7 +253,9 @@ class VoiceDesignEngine:
         """Solo loop: packets of `first_packet_frames`, then up to `packet_frames` frames.
 
         A full packet is held back until the next frame result says whether it is the last one, so every
-        packet has at least one frame and exactly the last one has `is_final`.
+        packet has at least one frame and exactly the last one has `is_final`. A packet that ends while the
+        EOS ban still holds (fewer than 2 frames emitted) goes out at once: the next step cannot end the
+        session without a frame, so it is not the last (time to first audio does not wait for frame 1).
         """
         session = self.start_session(request)
         try:
@@ -220,7 +272,12 @@ class VoiceDesignEngine:
                 if result.finish_reason is not None:
                     break
                 if len(buffer) == (first_packet_frames if sequence == 0 else packet_frames):
-                    held = (first_frame, len(buffer), self.decode_packet(session, torch.stack(buffer)))
+                    pcm = self.decode_packet(session, torch.stack(buffer))
+                    if session.frames_emitted < EOS_BAN_FRAMES:
+                        yield AudioPacket(sequence, first_frame, len(buffer), pcm, False, None)
+                        sequence += 1
+                    else:
+                        held = (first_frame, len(buffer), pcm)
                     first_frame, buffer = first_frame + len(buffer), []
                 result = self.step([session])[0]
             if buffer:
@@ -250,11 +307,11 @@ class VoiceDesignEngine:
         finally:
             self.release(session)
 
-    def _rows(self, sessions: list[Session]) -> FrameRows:
+    def _rows(self, sessions: list[Session], frames_generated: Tensor) -> FrameRows:
         return FrameRows(
-            uniforms=torch.stack([s.draw_uniforms() for s in sessions]).to(self.device),
+            uniforms=torch.stack([s.draw_uniforms() for s in sessions]),
             cb0_history=torch.stack([s.cb0_history for s in sessions]),
-            frames_generated=torch.tensor([s.frames_emitted for s in sessions], device=self.device),
+            frames_generated=frames_generated,
             talker_sampling=SamplingRows.cat([s.talker_sampling for s in sessions]),
             predictor_sampling=SamplingRows.cat([s.predictor_sampling for s in sessions]),
         )
@@ -262,7 +319,7 @@ class VoiceDesignEngine:
     def _advance(self, sessions: list[Session], codes: Tensor) -> list[FrameResult]:
         eos = self.config.talker.codec_eos_token_id
         results = []
-        for session, frame in zip(sessions, codes.cpu(), strict=True):
+        for session, frame, on_device in zip(sessions, codes.cpu(), codes, strict=True):
             cb0 = int(frame[0])
             if cb0 == eos:
                 session.finish_reason = "stop"
@@ -270,7 +327,7 @@ class VoiceDesignEngine:
                 continue
             session.frames_emitted += 1
             session.cb0_history[cb0] = True
-            session.last_codes = frame.to(self.device)
+            session.last_codes = on_device
             if session.frames_emitted >= session.request.max_frames:
                 session.finish_reason = "length"
             results.append(FrameResult(frame, session.finish_reason))

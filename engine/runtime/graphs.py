@@ -11,7 +11,15 @@ Modes (runtime/modes.py):
   replay computes the same kernels on the same shapes as the eager engine, bit for bit (the reference ops
   are batch invariant, which is what makes padding rows harmless).
 - fast: the same frame on the fused kernels of engine/kernels (ops.*) with weight-only 8-bit (or bf16)
-  decode GEMVs, flash-decoding attention and the one-kernel sampler.
+  decode GEMVs, flash-decoding attention and the one-kernel sampler. Products over `mode.gemm_min_rows`
+  rows or more run on cuBLAS (F.linear, bf16 weights) instead: the GEMV re-reads the weights per tile of
+  16 rows and is CUDA-core bound from ~8 rows on (kernel-bench.json), while cuBLAS streams them once.
+  Each bucket's shapes are fixed, so the choice is made once per captured graph; a session's codes can
+  therefore differ between buckets (fast mode is deterministic per bucket, not batch invariant). The
+  prompt of a fast-mode prefill runs on the same kernels, one row per prompt token.
+
+The fused bf16 qkv and gate/up matrices are made once and the model's own q/k/v and gate/up parameters
+are re-pointed at row slices of them, so fast mode adds only its 8-bit copies to the memory footprint.
 
 The backend implements `step.FrameBackend`; `install` makes it an engine's `frame_backend`.
 """
@@ -23,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import ops
@@ -42,11 +51,35 @@ BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
 
 
-Weight = Tensor | QuantizedWeight
+@dataclass(frozen=True)
+class Weight:
+    """A decode weight in both layouts: `dense` bf16 for cuBLAS, `small` (bf16 or 8-bit) for the GEMV."""
+
+    dense: Tensor
+    small: Tensor | QuantizedWeight
+    gemm_min_rows: int
+
+    def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        if x.shape[0] >= self.gemm_min_rows and x.is_cuda:
+            return F.linear(x, self.dense, bias)
+        return ops.linear(x, self.small, bias)
 
 
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
-    return weight.contiguous() if mode.weights == "bf16" else quantize_weight(weight, mode.weights)
+    dense = weight.contiguous()
+    small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
+    return Weight(dense, small, mode.gemm_min_rows)
+
+
+def _fuse(*params: Tensor) -> Tensor:
+    """Concatenate weights along rows and re-point each parameter at its slice (no second bf16 copy)."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for param in params:
+        rows = param.shape[0]
+        param.data = fused[start : start + rows]
+        start += rows
+    return fused
 
 
 @dataclass
@@ -75,9 +108,9 @@ class _Block:
             post_norm=b.post_attention_layernorm.weight,
             q_norm=b.q_norm.weight,
             k_norm=b.k_norm.weight,
-            qkv=_prepare(torch.cat([q, k, v]), mode),
+            qkv=_prepare(_fuse(q, k, v), mode),
             o=_prepare(b.o_proj.weight, mode),
-            gate_up=_prepare(torch.cat([gate, up]), mode),
+            gate_up=_prepare(_fuse(gate, up), mode),
             down=_prepare(b.down_proj.weight, mode),
             q_width=q.shape[0],
             kv_width=k.shape[0],
@@ -105,17 +138,17 @@ def _run_blocks(
     lengths = positions + 1
     h = ops.rms_norm(x, blocks[0].input_norm, eps)
     for index, blk in enumerate(blocks):
-        qkv = ops.linear(h, blk.qkv)
+        qkv = blk.qkv(h)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         q = ops.qk_norm_rope_cache(
             q, k, v, blk.q_norm, blk.k_norm, cos, sin, positions, slots, cache_k[index], cache_v[index], eps
         )
         attended = ops.decode_attention(q, cache_k[index], cache_v[index], slots, lengths, scale)
-        h = ops.add_rms_norm_(ops.linear(attended, blk.o), x, blk.post_norm, eps)
-        gate_up = ops.linear(h, blk.gate_up)
+        h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
+        gate_up = blk.gate_up(h)
         mlp = ops.silu_mul(gate_up[:, : blk.intermediate], gate_up[:, blk.intermediate :])
         following = blocks[index + 1].input_norm if index + 1 < len(blocks) else final_norm
-        h = ops.add_rms_norm_(ops.linear(mlp, blk.down), x, following, eps)
+        h = ops.add_rms_norm_(blk.down(mlp), x, following, eps)
     return h
 
 
@@ -140,6 +173,14 @@ class FastFrame:
         self.heads = [_prepare(cast(Tensor, head.weight), mode) for head in predictor.heads]
         self.groups = predictor.groups
         self.predictor_shape = (len(predictor.layers), pc.num_key_value_heads, self.groups + 1, pc.head_dim)
+
+    def prefill_hidden(self, prompt: Tensor, slot: Tensor, cache: KVCache) -> Tensor:
+        """The prompt [L, H] into cache slot `slot` [1] on the kernels: one row per token at positions
+        0..L-1 (each row attends over its own prefix); returns the last token's post-norm hidden [1, H]."""
+        length = prompt.shape[0]
+        positions = torch.arange(length, device=prompt.device)
+        slots = slot.expand(length).contiguous()
+        return self._talker_hidden(prompt.clone(), positions, slots, cache)[-1:]
 
     def _talker_hidden(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
         x = embeds.contiguous()
@@ -171,19 +212,17 @@ class FastFrame:
         row_slots = torch.arange(batch, device=device)
         pair_slots = row_slots.repeat_interleave(2)
         pair_positions = torch.arange(2, device=device).repeat(batch)
-        x = ops.linear(
-            torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection, self.projection_bias
-        )
+        x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
         h = _run_blocks(
             blocks, final, x, eps, p.rope_cos, p.rope_sin, pair_positions, pair_slots, cache_k, cache_v, scale
         )[1::2]
         codes = []
         for group in range(self.groups):
-            logits = ops.linear(h.contiguous(), self.heads[group]).float()
+            logits = self.heads[group](h.contiguous()).float()
             code = ops.sample_predictor(logits, rows.uniforms[:, 1 + group], rows.predictor_sampling)
             codes.append(code)
             if group + 1 < self.groups:
-                x = ops.linear(p.embed(code, group), self.projection, self.projection_bias)
+                x = self.projection(p.embed(code, group), self.projection_bias)
                 positions = torch.full((batch,), group + 2, dtype=torch.int64, device=device)
                 h = _run_blocks(
                     blocks,
@@ -201,7 +240,7 @@ class FastFrame:
         return torch.stack(codes, dim=1)
 
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
-        logits = ops.linear(hidden, self.codec_head).float()
+        logits = self.codec_head(hidden).float()
         cb0 = ops.sample_talker(
             logits,
             rows.uniforms[:, 0],
@@ -373,8 +412,11 @@ class GraphFrameBackend:
         slot: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        positions = torch.arange(prompt.shape[0], device=prompt.device).unsqueeze(0)
-        hidden = talker(prompt.unsqueeze(0), positions, slot, cache)[:, -1]
+        if self.fast is not None:
+            hidden = self.fast.prefill_hidden(prompt, slot, cache)
+        else:
+            positions = torch.arange(prompt.shape[0], device=prompt.device).unsqueeze(0)
+            hidden = talker(prompt.unsqueeze(0), positions, slot, cache)[:, -1]
         static = self._complete_static(1, rows, hidden)
         static.hidden.copy_(hidden)
         static.load_rows(rows, 1)

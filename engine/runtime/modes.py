@@ -24,12 +24,17 @@ class Mode:
     exact: the frame is `runtime.step.decode_frames` itself, captured in CUDA graphs, so its codes equal
     the eager engine's bit for bit; fp32 codec.
     fast: the frame runs on the fused kernels of engine/kernels with weight-only 8-bit decode GEMVs
-    (`weights`), and the codec runs in bf16.
+    (`weights`) for products of fewer than `gemm_min_rows` rows and bf16 cuBLAS for larger ones, and the
+    codec runs in bf16.
+
+    gemm_min_rows: the GEMV/cuBLAS crossover, from kernel-bench.json (H200: the int8 GEMV wins at 1 row,
+    cuBLAS at 8 and above; 2 and 4 are measured by benchmarks/device/kernel_bench.py).
     """
 
     name: ModeName
     weights: WeightFormat
     codec_dtype: torch.dtype
+    gemm_min_rows: int = 4
 
 
 EXACT = Mode("exact", "bf16", torch.float32)

@@ -9,10 +9,17 @@ every score >= the k-th largest, so ties can keep more than k; 0 = off) -> top-p
 A draw is defined by `sample_with_uniform`: given the filtered scores and one uniform u in [0, 1) per row,
 pick the token by inverse CDF in vocabulary index order. Precision, so that another implementation (the
 CUDA sampling kernel) can pick the same token for the same u:
-- probabilities are `torch.softmax` of the filtered fp32 scores (fp32; filtered ids get exactly 0);
-- their cumulative sum is taken in float64, sequentially in index order;
+- the draw uses the unnormalized fp32 weights w = exp(s - max(s)) of the filtered scores (filtered ids get
+  exactly 0), never a normalized softmax: normalizing divides by an fp32 sum whose rounding depends on the
+  summation order, which no parallel kernel can reproduce, while exp of the same fp32 difference is the
+  same correctly specified libm call on both sides. The distribution is the same (w / sum(w) = softmax);
+- the weights' cumulative sum is taken in float64 in index order (any association: float64 rounding moves
+  a boundary by ~1e-16 relative, far below what one fp32 weight can shift);
 - the token is the first index whose cumulative sum is > u * total (total = the last cumulative sum),
-  clamped to the last index with a non-zero probability (u * total can round up to total).
+  clamped to the last index with a non-zero weight (u * total can round up to total).
+Top-p computes its cumulative mass from the same weights: fp32(float64 running sum / float64 total), in
+stable ascending order. HF computes fp32 softmax then a cumulative sum; the two differ only when a mass
+lies within an fp32 ulp of 1 - top_p.
 Greedy rows take the argmax after penalty and bans (the lowest index on ties) and ignore u.
 Every row carries its own parameters; nothing here holds state.
 """
@@ -98,15 +105,21 @@ def top_k_filter(scores: Tensor, top_k: Tensor) -> Tensor:
     return scores.masked_fill(drop, float("-inf"))
 
 
-def top_p_filter(scores: Tensor, top_p: Tensor) -> Tensor:
-    """HF TopP, exactly as it computes on CPU; rows with top_p >= 1.0 are untouched.
+def unnormalized_weights(scores: Tensor) -> Tensor:
+    """fp32 exp(s - max(s)) per row: the draw's weights (0 for filtered ids; see the module docstring)."""
+    return (scores - scores.max(dim=-1, keepdim=True).values).exp()
 
-    Sort ascending (stable: among equal scores the lower index counts as smaller), fp32 softmax,
-    cumulative sum accumulated in float64 and rounded to fp32, drop tokens whose cumulative mass is
+
+def top_p_filter(scores: Tensor, top_p: Tensor) -> Tensor:
+    """HF TopP; rows with top_p >= 1.0 are untouched.
+
+    Sort ascending (stable: among equal scores the lower index counts as smaller), cumulative mass =
+    fp32(float64 running sum of the weights / float64 total), drop tokens whose cumulative mass is
     <= fp32(1 - top_p), always keep the largest.
     """
     ascending, order = scores.sort(dim=-1, descending=False, stable=True)
-    cumulative = torch.softmax(ascending, dim=-1).double().cumsum(dim=-1).float()
+    running = unnormalized_weights(ascending).double().cumsum(dim=-1)
+    cumulative = (running / running[:, -1:]).float()
     threshold = (1.0 - top_p).float().unsqueeze(-1)
     drop_sorted = cumulative <= threshold
     drop_sorted[:, -1] = False
@@ -117,12 +130,12 @@ def top_p_filter(scores: Tensor, top_p: Tensor) -> Tensor:
 
 def pick_with_uniform(scores: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draw over fp32 scores [B, V] with uniforms u [B] (float64, in [0, 1))."""
-    probs = torch.softmax(scores, dim=-1)
-    cumulative = probs.double().cumsum(dim=-1)
+    weights = unnormalized_weights(scores)
+    cumulative = weights.double().cumsum(dim=-1)
     threshold = u.double() * cumulative[:, -1]
     token = torch.searchsorted(cumulative, threshold.unsqueeze(-1), right=True).squeeze(-1)
     vocab = scores.shape[-1]
-    last_nonzero = vocab - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
+    last_nonzero = vocab - 1 - (weights > 0).flip(-1).int().argmax(dim=-1)
     return torch.minimum(token, last_nonzero)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,6 +11,9 @@ from torch import Tensor
 from .request import FinishReason, SynthesisRequest
 from .sampling import SamplingRows
 from .step import UNIFORMS_PER_FRAME
+
+UNIFORM_BLOCK_FRAMES = 64
+"""Frames of uniforms drawn (and copied to the device) at once."""
 
 if TYPE_CHECKING:
     from ..model.codec import CodecStreamState
@@ -21,9 +24,12 @@ if TYPE_CHECKING:
 class Session:
     """Cache slot, talker position, RNG, cb0 history, last frame, text stream, frame count, codec state.
 
-    The generator is a CPU `torch.Generator` seeded with `request.seed`; every frame draws
-    `UNIFORMS_PER_FRAME` float64 uniforms from it in one call (cb0 first, then cb1..cb15), so the draw
-    order is: frame 0's cb0, frame 0's 15 predictor draws, frame 1's cb0, ...
+    The generator is a CPU `torch.Generator` seeded with `request.seed`; every frame takes
+    `UNIFORMS_PER_FRAME` float64 uniforms from it (cb0 first, then cb1..cb15), so the draw order is:
+    frame 0's cb0, frame 0's 15 predictor draws, frame 1's cb0, ... They are drawn `UNIFORM_BLOCK_FRAMES`
+    frames at a time and moved to `device` in one copy: the CPU generator's float64 stream does not depend
+    on how it is split into calls, so the values are the same as drawing frame by frame (a seeded request
+    gives the same tokens on every device), and a GPU step does no per-frame host-to-device copy for them.
     """
 
     request: SynthesisRequest
@@ -37,12 +43,15 @@ class Session:
     predictor_sampling: SamplingRows
     cb0_history: Tensor  # [talker vocab] bool: every cb0 emitted so far (repetition penalty)
     generator: torch.Generator
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     codec_state: CodecStreamState | None = None
     position: int = 0  # talker position of the next input token
     frames_emitted: int = 0
     last_codes: Tensor | None = None  # LongTensor[16] of the last emitted frame
     finish_reason: FinishReason | None = None
     released: bool = False
+    _uniforms: Tensor | None = None  # [UNIFORM_BLOCK_FRAMES, 16] float64 on `device`, drawn ahead
+    _uniform_row: int = 0
 
     @property
     def prefilled(self) -> bool:
@@ -53,8 +62,15 @@ class Session:
         return self.finish_reason is not None
 
     def draw_uniforms(self) -> Tensor:
-        """The next frame's 16 uniforms in [0, 1), float64, on the CPU."""
-        return torch.rand(UNIFORMS_PER_FRAME, generator=self.generator, dtype=torch.float64)
+        """The next frame's 16 uniforms in [0, 1), float64, on the session's device."""
+        if self._uniforms is None or self._uniform_row == self._uniforms.shape[0]:
+            block = torch.rand(
+                UNIFORM_BLOCK_FRAMES, UNIFORMS_PER_FRAME, generator=self.generator, dtype=torch.float64
+            )
+            self._uniforms, self._uniform_row = block.to(self.device), 0
+        row = self._uniforms[self._uniform_row]
+        self._uniform_row += 1
+        return row
 
     def text_element(self) -> Tensor:
         """The text-stream vector added to the talker input that feeds frame `frames_emitted - 1`."""

@@ -99,10 +99,12 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory) -> Starl
             await warm_up(scheduler, settings)
             state.admissions = Admissions(settings, scheduler, state.metrics)
             logger.info(
-                "engine ready in %.1f s (%s, %d slots)",
+                "engine ready in %.1f s (%s, %d slots, requests up to %g s of audio%s)",
                 time.monotonic() - started,
                 settings.device,
                 settings.max_concurrent_requests,
+                settings.max_duration_seconds,
+                "; demo checkpoint: set --max-duration-seconds for longer" if settings.model is None else "",
             )
             yield
         finally:

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -23,8 +24,13 @@ from .app import EngineFactory, create_app
 from .routes import ServerState
 from .settings import ServerSettings
 
+if TYPE_CHECKING:
+    from ..config import TalkerConfig
+
 logger = logging.getLogger("qwen3_tts.server")
 EXIT_WATCHDOG = 124
+KV_POOL_BUDGET_BYTES = 16 * 2**30
+"""The talker KV pool (all slots) is kept under this by cutting positions per slot (``talker_context``)."""
 
 
 class DrainingServer(uvicorn.Server):
@@ -67,9 +73,14 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def configure_logging(settings: ServerSettings) -> None:
+    """uvicorn-style lines on stderr at the configured level (once per process)."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s %(message)s")
+
+
 def run(settings: ServerSettings, engine_factory: EngineFactory) -> int:
     """Serve until a signal has drained the server; 0 on a clean stop."""
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s %(message)s")
+    configure_logging(settings)
     app = create_app(settings, engine_factory)
     config = uvicorn.Config(
         app,
@@ -84,15 +95,44 @@ def run(settings: ServerSettings, engine_factory: EngineFactory) -> int:
     return 0 if server.started else 1
 
 
+def talker_context(settings: ServerSettings, talker: TalkerConfig, element_bytes: int) -> int:
+    """Positions per slot of the talker KV pool (``max_context``).
+
+    What the largest request the settings allow can need (``settings.context_positions``: text and
+    description byte limits, template, ``max_duration_seconds``), capped by the model's position table and
+    by ``KV_POOL_BUDGET_BYTES`` over all slots. A request needing more than the cap fails with 422
+    ``invalid_request``. With the defaults (32 KiB text, 4 KiB description, 120 s) the real model in
+    bfloat16 with 8 slots is capped at about 18.7k positions (16 GiB); lower ``max_text_bytes`` for less.
+    """
+    per_position = 2 * talker.num_hidden_layers * talker.num_key_value_heads * talker.head_dim * element_bytes
+    budget = KV_POOL_BUDGET_BYTES // (per_position * settings.max_concurrent_requests)
+    return max(1, min(settings.context_positions, talker.max_position_embeddings, budget))
+
+
 def load_engine(settings: ServerSettings) -> FrameEngine:
     """The VoiceDesign engine for these settings: bfloat16 talker on CUDA, float32 on CPU, float32 codec."""
     import torch
 
+    from ..config import load_config
     from ..demo import ensure_demo_checkpoint
     from ..runtime.engine import VoiceDesignEngine
 
     model = settings.model or ensure_demo_checkpoint()
     dtype = torch.bfloat16 if settings.device.startswith("cuda") else torch.float32
+    talker = load_config(model).talker
+    context = talker_context(settings, talker, dtype.itemsize)
+    cut_by_budget = context < min(settings.context_positions, talker.max_position_embeddings)
+    (logger.warning if cut_by_budget else logger.info)(
+        "talker context: %d positions per slot%s; the request limits allow up to %d (prompt tokens + "
+        "frames), a request needing more than the context gets 422 invalid_request",
+        context,
+        " (cut to fit the KV pool budget)" if cut_by_budget else "",
+        settings.context_positions,
+    )
     return VoiceDesignEngine.load(
-        model, device=settings.device, dtype=dtype, max_sessions=settings.max_concurrent_requests
+        model,
+        device=settings.device,
+        dtype=dtype,
+        max_sessions=settings.max_concurrent_requests,
+        max_context=context,
     )

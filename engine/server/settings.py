@@ -18,6 +18,14 @@ from ..config import FRAMES_PER_SECOND
 MODEL_ID = "qwen3-tts-1.7b-voice-design"
 MODEL_KIND = "voice_design"
 MAX_CODEC_FRAMES = 8192
+DEMO_MAX_DURATION_SECONDS = 3.2
+"""The demo checkpoint's ``max_duration_seconds`` unless configured: random weights rarely emit EOS, so a
+request would otherwise run to the full 120 s of noise (``synthesize`` caps its demo at 40 frames too)."""
+PROMPT_TEMPLATE_TOKENS = 32
+"""Prompt positions besides the text and description tokens: chat template, role, codec prefix and
+language ids, text EOS and codec BOS (15 today)."""
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 class SettingsError(ValueError):
@@ -41,6 +49,8 @@ class ServerSettings:
     drain_timeout_s: float = 20.0  # SIGTERM: running requests may finish this long, then they are cancelled
     shutdown_timeout_s: float = 35.0  # SIGTERM: the process is gone by then (a watchdog exits 124)
     log_level: str = "info"
+    allow_unverified_model: bool = False  # serve a --model whose identity check fails (a warning is logged)
+    threads: int = 0  # torch CPU threads; 0: engine.threads.configure_cpu_threads' default
 
     @property
     def max_body_bytes(self) -> int:
@@ -52,8 +62,23 @@ class ServerSettings:
         return min(120.0, self.max_duration_seconds)
 
     @property
+    def max_frames(self) -> int:
+        """Frames of the longest request allowed (``max_duration_seconds``)."""
+        return math.ceil(self.max_duration_seconds * FRAMES_PER_SECOND)
+
+    @property
     def max_buffered_pcm_bytes(self) -> int:
-        return math.ceil(self.max_duration_seconds * FRAMES_PER_SECOND) * 1920 * 2
+        return self.max_frames * 1920 * 2
+
+    @property
+    def context_positions(self) -> int:
+        """Talker positions the largest allowed request can need: prompt + max_frames - 1.
+
+        A text token covers at least one UTF-8 byte, so the two free-text byte limits bound the prompt's
+        text and description tokens; ``PROMPT_TEMPLATE_TOKENS`` covers the rest of the prompt.
+        """
+        prompt = self.max_text_bytes + self.max_voice_description_bytes + PROMPT_TEMPLATE_TOKENS
+        return prompt + self.max_frames - 1
 
     def resolved(self, cuda_available: bool) -> ServerSettings:
         """Fill the device-dependent defaults."""
@@ -63,7 +88,9 @@ class ServerSettings:
 
     def check(self) -> ServerSettings:
         _require(1 <= self.port <= 65535 or self.port == 0, "port", "must be 0..65535")
-        _require(0 <= self.max_concurrent_requests <= 64, "max_concurrent_requests", "must be 0 (auto) or 1..64")
+        _require(
+            0 <= self.max_concurrent_requests <= 64, "max_concurrent_requests", "must be 0 (auto) or 1..64"
+        )
         _require(1 <= self.max_text_bytes <= 1_048_576, "max_text_bytes", "must be 1..1048576")
         _require(
             1 <= self.max_voice_description_bytes <= 262_144,
@@ -91,6 +118,7 @@ class ServerSettings:
             "log_level",
             "must be one of critical, error, warning, info, debug",
         )
+        _require(0 <= self.threads <= 1024, "threads", "must be 0 (auto) or 1..1024")
         return self
 
 
@@ -99,14 +127,28 @@ def _require(ok: bool, name: str, rule: str) -> None:
         raise SettingsError(f"QWEN3_TTS_{name.upper()} {rule}")
 
 
+def _parse_bool(raw: str) -> bool:
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
+
+
 def _parser(name: str, default: Any) -> Callable[[str], Any]:
     if name == "model":
         return Path
+    if isinstance(default, bool):
+        return _parse_bool
     return type(default)  # type: ignore[no-any-return]
 
 
 def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> ServerSettings:
-    """Environment first, then explicit overrides (CLI flags); ``None`` overrides are ignored."""
+    """Environment first, then explicit overrides (CLI flags); ``None`` overrides are ignored.
+
+    Without a model (the demo checkpoint) ``max_duration_seconds`` defaults to
+    ``DEMO_MAX_DURATION_SECONDS`` unless it is configured.
+    """
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for field in fields(ServerSettings):
@@ -120,4 +162,6 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     values.update({name: value for name, value in overrides.items() if value is not None})
     if isinstance(values.get("log_level"), str):
         values["log_level"] = values["log_level"].lower()
+    if values.get("model") is None:
+        values.setdefault("max_duration_seconds", DEMO_MAX_DURATION_SECONDS)
     return ServerSettings(**values).check()

@@ -26,6 +26,11 @@ def _json(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _rounded(values: dict[str, Any]) -> dict[str, Any]:
+    """Microsecond floats to nanosecond precision: the rest is float noise."""
+    return {name: round(value, 3) if isinstance(value, float) else value for name, value in values.items()}
+
+
 class ProgressiveFormat(Protocol):
     """How one progressive body encodes the events of a request."""
 
@@ -94,7 +99,7 @@ class MultipartFormat:
                 "type": "end",
                 "request_id": self.request_id,
                 "finish_reason": finish_reason,
-                "metrics": asdict(metrics),
+                "metrics": _rounded(asdict(metrics)),
             }
         )
 

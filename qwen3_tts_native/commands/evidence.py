@@ -74,6 +74,9 @@ ENGINE spec (comma-separated key=value): id=ID,url=http://HOST:PORT are required
   pid=N                   server pid for telemetry (default: the listener of a loopback port)
   gpu=0[+1...]            GPU indices to watch (default: all); other GPU processes count as competing
   path=/..., model=..., response=pcm|wav|sse   adapter overrides (model/response: openai only)
+  fields=seed+language+max_duration_seconds+sampling   openai only: workload fields to forward to a
+                          server that accepts them (a request qualifies for sampling parity only with
+                          seed and sampling)
 
 PROFILE: B<n> closed loop with n requests in flight; R<rate> open-loop Poisson arrivals (requests/s).
 

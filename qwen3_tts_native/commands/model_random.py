@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "Write a snapshot with random weights and the real file layout, tensor names and token ids. "
             "The official qwen-tts package and this engine both load it, so it serves parity tests, demos "
             "and benchmarks without the real checkpoint. The same preset and seed give the same bytes. "
-            "It produces noise, not speech."
+            "It produces noise, not speech. DIR/qwen3-tts-manifest.json records its identity, so "
+            "`qwen3-tts serve --model DIR` accepts it."
         ),
     )
     parser.add_argument(
@@ -40,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..engine.checkpoint import planned_bytes, write_random_snapshot
+    from ..engine.identity import MANIFEST_FILENAME, load_manifest
 
     console = Console(stderr=True)
     out: Path = args.out
@@ -61,5 +63,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:
             print(f"error: cannot write {out}: {error}", file=sys.stderr)
             return 1
+    manifest = load_manifest(path / MANIFEST_FILENAME)
     print(f"wrote {args.preset} snapshot (seed {args.seed}, random weights) to {path}")
+    print(f"identity {manifest.repository}@{manifest.revision} in {MANIFEST_FILENAME}")
     return 0

@@ -78,6 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="talker and code predictor precision (auto: bfloat16 on cuda, float32 on cpu); "
              "the speech decoder always runs in float32",
     )
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="torch CPU threads (default: QWEN3_TTS_THREADS, else OMP_NUM_THREADS if set, else 1 with the "
+             "demo checkpoint and min(4, cores) with --model)",
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="WAV", help="WAV file to write")
     parser.set_defaults(handler=run)
 
@@ -116,6 +121,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
     if args.max_frames is not None and args.max_frames < 1:
         raise _UserError(f"--max-frames must be >= 1, got {args.max_frames}")
+    if args.threads is not None and args.threads < 1:
+        raise _UserError(f"--threads must be >= 1, got {args.threads}")
     if not 0 <= args.seed <= 2**53 - 1:
         raise _UserError(f"--seed must be in 0 .. 2**53-1, got {args.seed}")
     if args.model is not None and not args.model.is_dir():
@@ -159,7 +166,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     from ..engine.runtime.engine import VoiceDesignEngine
     from ..engine.runtime.request import PredictorSampling, SynthesisRequest, TalkerSampling
+    from ..engine.threads import configure_cpu_threads
 
+    try:
+        configure_cpu_threads(args.threads, demo=args.model is None)
+    except ValueError as error:
+        raise _UserError(str(error)) from None
     started = time.monotonic()
     with console.status(f"loading {model_dir} on {device} ({str(dtype).removeprefix('torch.')})"):
         engine = VoiceDesignEngine.load(model_dir, device=device, dtype=dtype)

@@ -2,7 +2,10 @@
 
 - exact mode reproduces the eager engine's greedy codes for >= 200 frames (bit-exact by construction:
   the graphs replay step.decode_frames itself);
-- exact mode is batch invariant on the GPU (sessions stepped together == each alone);
+- exact mode on the GPU: a session's codes do not depend on which sessions share its bucket. Full batch
+  invariance (together == alone) is a CPU property only: cuBLAS picks a different kernel for each batch
+  count of the per-row bmm in layers.linear (first device run), and a padded bucket of B rows is a
+  different shape from a bucket of 1. tests/unit keeps the CPU acceptance test of batch invariance;
 - a seeded sampled request gives the same codes run to run;
 - fast mode: how many greedy frames agree with exact before the first difference (reported, not gated).
 """
@@ -79,23 +82,18 @@ def test_exact_mode_reproduces_eager_greedy_codes(engine: VoiceDesignEngine, rep
     assert torch.equal(graphed, again)
 
 
-def test_exact_mode_is_batch_invariant(engine: VoiceDesignEngine) -> None:
-    graphed_engine, undo = with_backend(engine)
+def run_together(engine: VoiceDesignEngine, requests: list[SynthesisRequest]) -> list[torch.Tensor]:
+    """Prefill each request, then step them all together until each ends; codes per request."""
+    sessions = [engine.start_session(r) for r in requests]
+    frames: list[list[torch.Tensor]] = [[] for _ in sessions]
     try:
-        requests = [greedy(seed=i, frames=24) for i in range(3)]
-        requests[1] = replace(
-            requests[1], text="Hello there, how are you today?", talker_sampling=TalkerSampling()
-        )
-        alone = [graphed_engine.generate_codes(r) for r in requests]
-        sessions = [graphed_engine.start_session(r) for r in requests]
-        frames: list[list[torch.Tensor]] = [[] for _ in sessions]
         active = []
         for i, s in enumerate(sessions):
-            result = graphed_engine.prefill(s)
+            result = engine.prefill(s)
             frames[i].append(result.codes)
             active.append(i)
         while active:
-            results = graphed_engine.step([sessions[i] for i in active])
+            results = engine.step([sessions[i] for i in active])
             still = []
             for i, result in zip(active, results, strict=True):
                 if result.codes is not None:
@@ -103,12 +101,29 @@ def test_exact_mode_is_batch_invariant(engine: VoiceDesignEngine) -> None:
                 if result.finish_reason is None:
                     still.append(i)
             active = still
+    finally:
         for s in sessions:
-            graphed_engine.release(s)
+            engine.release(s)
+    return [torch.stack(f) for f in frames]
+
+
+def test_exact_mode_rows_do_not_depend_on_their_companions(engine: VoiceDesignEngine) -> None:
+    graphed_engine, undo = with_backend(engine)
+    try:
+        target = greedy(seed=0, frames=24)
+        # Companions outlive the target (40 frames), so the bucket stays the same for all its frames.
+        companions = [
+            [greedy(seed=1, frames=40), replace(greedy(seed=2, frames=40), talker_sampling=TalkerSampling())],
+            [
+                replace(greedy(seed=3, frames=40), text="Hello there, how are you today?"),
+                replace(greedy(seed=4, frames=40), talker_sampling=TalkerSampling(temperature=1.3)),
+            ],
+        ]
+        first = run_together(graphed_engine, [target, *companions[0]])[0]
+        second = run_together(graphed_engine, [target, *companions[1]])[0]
     finally:
         undo()
-    for i, expected in enumerate(alone):
-        assert torch.equal(torch.stack(frames[i]), expected), f"session {i} changed when batched"
+    assert torch.equal(first, second), "a session's codes changed with the sessions sharing its bucket"
 
 
 def test_seeded_request_is_reproducible(engine: VoiceDesignEngine) -> None:

@@ -4,8 +4,11 @@ Tolerances, per op:
 - silu_mul: bit-identical (same fp32 expression and bf16 roundings as ATen).
 - rms_norm, add_rms_norm_ (residual exact), qk_norm_rope_cache (v exact): at most 1 bf16 ulp apart
   (only the fp32 sum of squares is reduced in another order), and >= 99% of elements identical.
-- decode_attention: relative L2 <= 1e-2 (the kernel keeps scores and probabilities in fp32; the
-  reference rounds both to bf16).
+- decode_attention: judged against float64 attention over the same bf16 inputs, not against the bf16
+  reference: the reference rounds scores and probabilities to bf16, and at 2048 keys that alone costs it
+  ~1.5e-2 relative L2 (first device run), while the kernel keeps both in fp32 and rounds once, at the
+  output. Gate: relative L2 <= 4e-3 to float64 (one bf16 output rounding is ~1.1e-3 RMS, 2^-9 at most
+  per element; fp32 accumulation adds ~1e-6), and no farther from float64 than the reference is.
 - linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
   against the fp32 product of the stored codes (reference.linear).
 """
@@ -86,13 +89,11 @@ def test_decode_attention(ext, batch: int, heads: int, kv_heads: int, dim: int, 
     out = ops.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5)
     expected = reference.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5)
     assert not torch.isnan(out.float()).any()
-    assert rel(out, expected) <= 1e-2
     exact = reference.decode_attention(
         q.double(), k_cache.double(), v_cache.double(), slots, lengths, dim**-0.5
     )
-    assert (
-        rel(out, exact) <= rel(expected, exact) * 1.5 + 1e-3
-    )  # at least as close to float64 as the reference
+    assert rel(out, exact) <= 4e-3
+    assert rel(out, exact) <= rel(expected, exact)
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 6144), (64, 6144), (17, 3072)])

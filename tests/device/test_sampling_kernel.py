@@ -1,10 +1,9 @@
 """The one-kernel sampler picks exactly `sampling.sample_with_uniform`'s token for the same uniform, over
 >= 1,000,000 randomized rows (ties, penalties, bans, greedy, temperature, top-k, top-p, extreme u).
 
-Both run on the GPU. Mismatches are also classified against a variant of the reference that draws from the
-unnormalized weights exp(s - max) (what the kernel computes; see the report): a mismatch that this variant
-explains is a 1-ulp softmax-normalization boundary case, not a kernel bug. The counts go to
-sampling-kernel.json in QWEN3_TTS_REPORT_DIR.
+Both run on the GPU. The reference draws from the unnormalized weights exp(s - max) with float64 running
+sums (runtime/sampling.py says why), which is what the kernel computes, so the gate is zero mismatches.
+The counts go to sampling-kernel.json in QWEN3_TTS_REPORT_DIR.
 """
 
 from __future__ import annotations
@@ -20,16 +19,6 @@ from qwen3_tts_native.engine.runtime import sampling
 CASES = 1_000_000
 CHUNK = 62_500
 EOS = 2150
-
-
-def unnormalized_pick(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    weights = (scores - scores.max(dim=-1, keepdim=True).values).exp()
-    cumulative = weights.double().cumsum(dim=-1)
-    token = torch.searchsorted(
-        cumulative, (u.double() * cumulative[:, -1]).unsqueeze(-1), right=True
-    ).squeeze(-1)
-    last = scores.shape[-1] - 1 - (weights > 0).flip(-1).int().argmax(dim=-1)
-    return torch.minimum(token, last)
 
 
 def random_case(rows: int, vocab: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -65,7 +54,6 @@ def random_case(rows: int, vocab: int, g: torch.Generator) -> tuple[torch.Tensor
 def test_sampling_kernel_matches_reference_on_a_million_rows(ext, report_dir: Path) -> None:  # type: ignore[no-untyped-def]
     g = torch.Generator(device="cuda").manual_seed(1234)
     mismatches = {"talker": 0, "predictor": 0}
-    explained = {"talker": 0, "predictor": 0}
     examples = []
     done = 0
     while done < CASES:
@@ -84,22 +72,6 @@ def test_sampling_kernel_matches_reference_on_a_million_rows(ext, report_dir: Pa
             bad = (got != expected).nonzero().flatten()
             mismatches[role] += int(bad.numel())
             if bad.numel():
-                # Re-derive the filtered scores of the bad rows and check the unnormalized draw.
-                scores = logits[bad].float()
-                sub = sampling.SamplingRows(
-                    greedy[bad], temperature[bad], top_k[bad], top_p[bad], penalty[bad]
-                )
-                if role == "talker":
-                    scores = sampling.apply_repetition_penalty(scores, history[bad], sub.repetition_penalty)
-                    scores = scores.masked_fill(
-                        sampling.talker_banned_tokens(frames[bad], vocab, EOS), float("-inf")
-                    )
-                warped = scores / torch.where(
-                    sub.greedy, torch.ones_like(sub.temperature), sub.temperature
-                ).unsqueeze(-1)
-                warped = sampling.top_p_filter(sampling.top_k_filter(warped, sub.top_k), sub.top_p)
-                alt = unnormalized_pick(warped, u[bad])
-                explained[role] += int((alt == got[bad]).sum())
                 for i in bad[:3].tolist():
                     examples.append(
                         {"role": role, "u": float(u[i]), "got": int(got[i]), "expected": int(expected[i])}
@@ -108,7 +80,6 @@ def test_sampling_kernel_matches_reference_on_a_million_rows(ext, report_dir: Pa
     record = {
         "cases": done,
         "mismatches": mismatches,
-        "explained_by_normalization": explained,
         "examples": examples,
     }
     (report_dir / "sampling-kernel.json").write_text(json.dumps(record, indent=2))

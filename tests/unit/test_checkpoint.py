@@ -18,10 +18,12 @@ from qwen3_tts_native.engine.checkpoint import (
     GENERATION_CONFIG,
     config_json,
     planned_tensors,
+    random_repository,
     speech_tokenizer_config_json,
     write_random_snapshot,
 )
 from qwen3_tts_native.engine.config import load_config
+from qwen3_tts_native.engine.identity import MANIFEST_FILENAME, load_manifest, verify_snapshot_for_serving
 from qwen3_tts_native.engine.snapshot import (
     load_speech_decoder_tensors,
     load_voice_design_tensors,
@@ -42,6 +44,7 @@ SNAPSHOT_FILES = {
     "speech_tokenizer/preprocessor_config.json",
     "speech_tokenizer/configuration.json",
     "speech_tokenizer/model.safetensors",
+    MANIFEST_FILENAME,
 }
 
 
@@ -103,7 +106,8 @@ def test_tiny_headers_match_the_plan(tiny: Path) -> None:
 
 def test_same_seed_same_bytes_other_seed_other_weights(tiny: Path, tmp_path: Path) -> None:
     again = write_random_snapshot(tmp_path / "again", "tiny", seed=3)
-    for name in ("model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json", "merges.txt"):
+    names = ("model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json", "merges.txt")
+    for name in (*names, MANIFEST_FILENAME):
         assert _sha256(tiny / name) == _sha256(again / name), name
     other = write_random_snapshot(tmp_path / "other", "tiny", seed=4)
     assert _sha256(tiny / "model.safetensors") != _sha256(other / "model.safetensors")
@@ -126,6 +130,16 @@ def test_weights_are_not_degenerate(tiny: Path) -> None:
     head = talker["talker.codec_head.weight"]
     eos = config.talker.codec_eos_token_id
     assert 0 < float(head[eos].std()) < float(head[:2048].std())  # EOS possible but unlikely
+
+
+def test_manifest_describes_the_snapshot_and_passes_the_serving_check(tiny: Path) -> None:
+    manifest = load_manifest(tiny / MANIFEST_FILENAME)
+    assert manifest.repository == random_repository("tiny", 3) == "local/random-tiny-seed3"
+    assert manifest.revision.startswith("sha256:")
+    assert {entry.path for entry in manifest.files} == SNAPSHOT_FILES - {MANIFEST_FILENAME}
+    result = verify_snapshot_for_serving(tiny)
+    assert result.ok, result.problems
+    assert result.manifest == manifest and result.manifest_source == str(tiny / MANIFEST_FILENAME)
 
 
 def test_refuses_a_non_empty_directory(tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """Helpers for the server tests: real servers, an independent multipart reader, request bodies.
 
 Real ``qwen3-tts serve`` processes on loopback with a tiny random checkpoint, and a multipart reader built
-on Python's own MIME parser, not on the server's code. Servers run with one torch thread (OMP_NUM_THREADS=1):
-on a shared 2-core machine intra-op threads make tiny matmuls thousands of times slower, and the in-process
-reference engine uses the same setting, so server audio and offline audio are computed the same way.
+on Python's own MIME parser, not on the server's code. Servers run with one torch thread (``--threads 1``,
+and OMP_NUM_THREADS=1 for any other OpenMP user): on a shared 2-core machine intra-op threads make tiny
+matmuls thousands of times slower, and the in-process reference engine uses the same setting, so server
+audio and offline audio are computed the same way.
 """
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import email.policy
 import json
@@ -43,17 +45,21 @@ def free_port() -> int:
 class ServerProcess:
     """One `python -m qwen3_tts_native serve` child; its stdout+stderr go to a log file."""
 
-    model: Path
+    model: Path | None  # None: the embedded demo checkpoint
     log_path: Path
     options: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def launch(cls, model: Path, log_dir: Path, **options: str) -> ServerProcess:
-        """Start a server with ``--name value`` flags given as ``name="value"`` and wait until it is ready."""
+    def launch(
+        cls, model: Path | None, log_dir: Path, env: dict[str, str] | None = None, **options: str
+    ) -> ServerProcess:
+        """Start a server with ``--name value`` flags given as ``name="value"`` (a value of "" passes the
+        bare flag) and extra environment variables, and wait until it is ready."""
         flags = {name.replace("_", "-"): value for name, value in options.items()}
-        return cls(model, log_dir / "server.log", flags).start()
+        return cls(model, log_dir / "server.log", flags, env or {}).start()
 
     @property
     def url(self) -> str:
@@ -66,19 +72,12 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         self.port = free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "qwen3_tts_native",
-            "serve",
-            "--model",
-            str(self.model),
-            "--port",
-            str(self.port),
-        ]
+        args = [sys.executable, "-m", "qwen3_tts_native", "serve", "--port", str(self.port), "--threads", "1"]
+        if self.model is not None:
+            args += ["--model", str(self.model)]
         for name, value in self.options.items():
-            args += [f"--{name}", value]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "QWEN3_TTS_DEVICE": "cpu"}
+            args += [f"--{name}", value] if value else [f"--{name}"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "QWEN3_TTS_DEVICE": "cpu", **self.env}
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -135,6 +134,12 @@ class Stream:
         return b"".join(payload for _, payload in self.audio)
 
 
+def _payload(part: email.message.Message) -> bytes:
+    payload = part.get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    return payload
+
+
 def parse_multipart(content_type: str, body: bytes) -> Stream:
     """Parse with email.parser and check the part sequence: one start, audio parts, one terminal part."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
@@ -147,11 +152,11 @@ def parse_multipart(content_type: str, body: bytes) -> Stream:
     assert set(kinds[1:-1]) == {"audio/pcm"}, kinds
     audio = []
     for part in parts[1:-1]:
-        payload = part.get_payload(decode=True)
+        payload = _payload(part)
         assert int(part["Content-Length"]) == len(payload)
         audio.append(({name: str(value) for name, value in part.items()}, payload))
-    start = json.loads(parts[0].get_payload(decode=True))
-    terminal = json.loads(parts[-1].get_payload(decode=True))
+    start = json.loads(_payload(parts[0]))
+    terminal = json.loads(_payload(parts[-1]))
     assert start["type"] == "start" and terminal["type"] in ("end", "error")
     return Stream(start, audio, terminal)
 

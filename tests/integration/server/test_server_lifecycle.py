@@ -115,7 +115,7 @@ def test_sigterm_drains_then_exits_zero(tiny_model: Path, tmp_path: Path) -> Non
         tmp_path,
         max_concurrent_requests="3",
         max_duration_seconds="120",
-        drain_timeout_s="4",
+        drain_timeout_s="2",
         shutdown_timeout_s="20",
     )
     bodies = [LONG, LONG, speech_body(text="Short.", max_duration_seconds=0.4)]

@@ -88,6 +88,6 @@ def test_schemathesis_finds_no_violation(fuzz_server: ServerProcess, tmp_path: P
         "--request-timeout", "60",
         "--no-color",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its cache
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert httpx.get(f"{fuzz_server.url}/health/ready", timeout=5).status_code == 200

@@ -15,6 +15,7 @@ from server_harness import (
     ServerProcess,
     check_positions,
     parse_multipart,
+    read_until,
     speech_body,
     stream_speech,
     synthesis_request,
@@ -124,14 +125,22 @@ def test_concurrent_requests_equal_solo(server: ServerProcess, offline_pcm: Offl
             },
         ),
     ]
-    delays = [0.0, 0.4, 0.8, 1.2]
-    results: dict[int, tuple[float, float, httpx.Response, bytes]] = {}
+    # Each request starts once the previous one is streaming, so all four join a running batch in turn.
+    streaming = [threading.Event() for _ in bodies]
+    results: dict[int, tuple[float, float, str, bytes]] = {}
 
     def run(index: int) -> None:
-        time.sleep(delays[index])
+        if index and not streaming[index - 1].wait(120):
+            return
         began = time.monotonic()
-        response, raw = stream_speech(server.url, bodies[index])
-        results[index] = (began, time.monotonic(), response, raw)
+        url = f"{server.url}/v1/voice-design/speech"
+        with httpx.stream("POST", url, json=bodies[index], timeout=120) as response:
+            assert response.status_code == 200
+            chunks, buffer = response.iter_bytes(), bytearray()
+            read_until(chunks, buffer, b"Content-Type: audio/pcm")
+            streaming[index].set()
+            buffer += b"".join(chunks)
+            results[index] = (began, time.monotonic(), response.headers["content-type"], bytes(buffer))
 
     threads = [threading.Thread(target=run, args=(index,)) for index in range(len(bodies))]
     for thread in threads:
@@ -142,9 +151,8 @@ def test_concurrent_requests_equal_solo(server: ServerProcess, offline_pcm: Offl
     assert sorted(results) == [0, 1, 2, 3]
     assert max(began for began, *_ in results.values()) < min(ended for _, ended, *_ in results.values())
     for index, body in enumerate(bodies):
-        _, _, response, raw = results[index]
-        assert response.status_code == 200, raw[:300]
-        stream = parse_multipart(response.headers["content-type"], raw)
+        _, _, content_type, raw = results[index]
+        stream = parse_multipart(content_type, raw)
         check_positions(stream)
         assert stream.terminal["type"] == "end"
         assert stream.pcm == offline_pcm(synthesis_request(body)), (

@@ -1,0 +1,183 @@
+"""CUDA-graph codec decode over a pool of stream states: the GPU codec backend of `VoiceDesignEngine`.
+
+Why: an eager `SpeechDecoder.forward` is ~1,000 small kernels driven from Python (about 23 ms per packet on
+the H200 in the first device run, more than the frame step itself). Here one packet of B sessions is one
+graph replay.
+
+Layout: every state tensor of `CodecStreamState` lives once, in a pool with one row per engine cache slot
+plus a scratch row (the last). A graph is captured per (batch bucket, frames per packet); it gathers its
+rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code, unchanged), and scatters
+the updated states back, all inside the graph. Padded rows of a partly filled bucket use the scratch row,
+whose contents never matter. A session's stream starts when `reset(slot)` zeroes its row.
+
+Numerics: the same module code as the eager decoder on the same dtype; float32 decoders run with TF32
+disabled (`fp32_codec`), so float32 stays float32. Several sessions decoded in one batch may round
+differently from each decoded alone (convolution algorithms differ with the batch), at the 1e-6 level
+in float32; the codes, which are what parity is defined on, are unaffected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..model.codec import CodecStreamState, SpeechDecoder
+
+if TYPE_CHECKING:
+    from .engine import VoiceDesignEngine
+
+BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+MAX_PACKET_FRAMES = 4
+"""Packets of 1..4 frames (the engine's and the server's packet sizes) are captured; longer ones are split."""
+
+
+@contextmanager
+def fp32_codec() -> Iterator[None]:
+    """Disable TF32 for the duration: PyTorch runs float32 convolutions in TF32 by default, which costs the
+    float32 codec ~3 decimal digits (max error 1.4e-3 against float64 in the first device run)."""
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = cudnn
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def _gather(pool: CodecStreamState, index: Tensor) -> CodecStreamState:
+    return CodecStreamState(
+        position=pool.position.index_select(0, index),
+        keys=[k.index_select(0, index) for k in pool.keys],
+        values=[v.index_select(0, index) for v in pool.values],
+        history={name: h.index_select(0, index) for name, h in pool.history.items()},
+    )
+
+
+def _scatter(pool: CodecStreamState, index: Tensor, state: CodecStreamState) -> None:
+    pool.position.index_copy_(0, index, state.position)
+    for target, source in zip(pool.keys + pool.values, state.keys + state.values, strict=True):
+        target.index_copy_(0, index, source)
+    for name, target in pool.history.items():
+        target.index_copy_(0, index, state.history[name])
+
+
+@dataclass
+class _Packet:
+    """One (bucket, frames) graph: its static inputs and output."""
+
+    codes: Tensor  # [bucket, quantizers, frames] int64
+    index: Tensor  # [bucket] int64 pool rows
+    graph: torch.cuda.CUDAGraph
+    wave: Tensor  # [bucket, frames * hop]
+
+
+class CodecGraphs:
+    """Graph-captured streaming decode for the sessions of one engine; see the module docstring."""
+
+    def __init__(self, decoder: SpeechDecoder, slots: int, buckets: tuple[int, ...] = BUCKETS) -> None:
+        if not decoder.first_codebook.is_cuda:
+            raise ValueError("CodecGraphs needs the speech decoder on a CUDA device")
+        self.decoder = decoder
+        self.scratch = slots
+        self.buckets = tuple(sorted(buckets))
+        self.pool = decoder.new_stream_state(slots + 1)
+        self._packets: dict[tuple[int, int], _Packet] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle()
+        self._fp32 = decoder.first_codebook.dtype == torch.float32
+
+    def reset(self, slot: int) -> None:
+        """Start a new stream in pool row `slot` (frame 0, empty histories)."""
+        pool = self.pool
+        pool.position[slot] = 0
+        for tensor in [*pool.keys, *pool.values, *pool.history.values()]:
+            tensor[slot].zero_()
+
+    def decode(self, slots: list[int], codes: Tensor) -> Tensor:
+        """The next n frames of the streams in `slots`: codes [B, quantizers, n] -> wave [B, n * hop]."""
+        batch, _, frames = codes.shape
+        if frames > MAX_PACKET_FRAMES:
+            parts = [
+                self.decode(slots, codes[..., i : i + MAX_PACKET_FRAMES])
+                for i in range(0, frames, MAX_PACKET_FRAMES)
+            ]
+            return torch.cat(parts, dim=1)
+        top = self.buckets[-1]
+        if batch > top:
+            parts = [self.decode(slots[i : i + top], codes[i : i + top]) for i in range(0, batch, top)]
+            return torch.cat(parts)
+        bucket = next(b for b in self.buckets if b >= batch)
+        packet = self._packet(bucket, frames)
+        packet.codes[:batch].copy_(codes, non_blocking=True)
+        index = torch.tensor(slots + [self.scratch] * (bucket - batch), dtype=torch.int64)
+        packet.index.copy_(index, non_blocking=True)
+        packet.graph.replay()
+        return packet.wave[:batch].clone()
+
+    def capture_all(self) -> None:
+        """Capture every (bucket, packet size) now (server start), instead of on first use."""
+        for bucket in self.buckets:
+            for frames in range(1, MAX_PACKET_FRAMES + 1):
+                self._packet(bucket, frames)
+
+    def _packet(self, bucket: int, frames: int) -> _Packet:
+        packet = self._packets.get((bucket, frames))
+        if packet is not None:
+            return packet
+        device = self.decoder.first_codebook.device
+        quantizers = self.decoder.config.num_quantizers
+        codes = torch.zeros(bucket, quantizers, frames, dtype=torch.int64, device=device)
+        index = torch.full((bucket,), self.scratch, dtype=torch.int64, device=device)
+
+        def run() -> Tensor:
+            state = _gather(self.pool, index)
+            wave = self.decoder(codes, state)
+            _scatter(self.pool, index, state)
+            return wave
+
+        graph, wave = self._capture(run)
+        packet = _Packet(codes, index, graph, wave)
+        self._packets[(bucket, frames)] = packet
+        return packet
+
+    def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Warm up on a side stream (cuDNN algorithm choice, workspaces), then capture into the shared pool.
+
+        The warm-up runs advance only the scratch row (the index is all scratch at capture)."""
+        context = fp32_codec() if self._fp32 else _nothing()
+        with context, torch.no_grad():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                wave = run()
+        return graph, wave
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def install(engine: VoiceDesignEngine, codec: CodecGraphs | None = None) -> Callable[[], None]:
+    """Make graph-captured decoding the engine's codec path (sessions opened afterwards use it); returns a
+    function that restores the eager path. Call after `graphs.install`, which may grow the slot count."""
+    if engine.decoder is None:
+        raise ValueError("the engine has no speech decoder")
+    backend = codec or CodecGraphs(engine.decoder, engine.cache.k.shape[1])
+    previous = engine.codec_backend
+    engine.codec_backend = backend
+
+    def undo() -> None:
+        engine.codec_backend = previous
+
+    return undo
