@@ -124,7 +124,7 @@ def run_reference(job_path: Path) -> int:
         }
         started = time.perf_counter()
         wrapper = qwen_tts.Qwen3TTSModel.from_pretrained(
-            job["model"], device_map=device, dtype=torch.bfloat16, attn_implementation="sdpa"
+            job["model"], device_map=device, dtype=torch.bfloat16, attn_implementation=job["attention"]
         )
         result["load_s"] = time.perf_counter() - started
         model = wrapper.model
@@ -213,7 +213,9 @@ def run_ours(
     from qwen3_tts_native.engine.runtime.request import PredictorSampling, SynthesisRequest, TalkerSampling
 
     started = time.perf_counter()
-    engine = VoiceDesignEngine.load(model, device=device, dtype=torch.bfloat16, max_sessions=1)
+    engine = VoiceDesignEngine.load(
+        model, device=device, dtype=torch.bfloat16, max_sessions=1, accelerate=False
+    )  # the eager foundation engine: no graph capture
     out: dict[str, Any] = {"load_s": time.perf_counter() - started, "modes": {}}
     for prompt in prompts:
         request = SynthesisRequest(
@@ -339,6 +341,7 @@ def start_reference(
         "frames": args.frames,
         "language": LANGUAGE,
         "repetition_penalty": REPETITION_PENALTY,
+        "attention": args.ref_attention,
         "prompts": [{k: p[k] for k in ("mode", "input_ids", "instruct_ids")} for p in prompts],
         "result": str(work / "reference.pt"),
     }
@@ -465,6 +468,13 @@ def main() -> int:
         help="PYTHONPATH of the official side, e.g. /tmp/site_ref:/tmp/site_common (default: inherit)",
     )
     parser.add_argument("--ref-timeout-s", type=float, default=480.0, help="limit for the official side")
+    parser.add_argument(
+        "--ref-attention",
+        choices=("eager", "sdpa"),
+        default="eager",
+        help="attention backend of the official talker (default eager: the same op order as our default; "
+        "sdpa's fused kernel rounds differently, see tests/parity/test_bf16_parity.py)",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -482,7 +492,7 @@ def main() -> int:
         "machine": machine_facts(args.device),
         "settings": {
             "dtype": "bfloat16",
-            "attention": "sdpa (official)",
+            "attention": f"official {args.ref_attention}, ours eager",
             "greedy": True,
             "repetition_penalty": REPETITION_PENALTY,
             "frames": args.frames,

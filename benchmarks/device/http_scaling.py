@@ -268,6 +268,8 @@ def measure(args: argparse.Namespace, levels: list[int], report: dict[str, Any],
         "--model", str(args.model), "--host", "127.0.0.1", "--port", str(port),
         "--max-concurrent-requests", str(max(levels)),
         "--max-duration-seconds", str(max(args.max_duration_seconds, WARM_UP_SECONDS)),
+        # Small request limits keep the KV pool (sized from them) short: exact-mode attention reads it whole.
+        "--max-text-bytes", "1024", "--max-voice-description-bytes", "512",
         "--log-level", "warning",
     ]  # fmt: skip
     if args.device:

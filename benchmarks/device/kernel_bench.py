@@ -136,7 +136,7 @@ def sampling_table() -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--batches", default="1,2,4,8,64")
     args = parser.parse_args()
     if not ops.kernels_available():
         raise SystemExit("the CUDA extension is not available")

@@ -2,7 +2,11 @@
 # THE device run: set up carried wheels, build the CUDA extension, run tests/device, the kernel
 # micro-benchmarks and `qwen3-tts bench` (engine modes + peers) on a full random snapshot made here.
 # Everything lands in $OUT (at most 8 files: see README.md). Budget: BUDGET_S seconds in all (default 540).
-# PHASES (default: all) picks a subset: setup build snapshot tests kbench parity bench.
+# PHASES (default: the speed run) picks a subset of: setup build snapshot tests kbench parity bench accept evidence.
+# "accept" runs the foundation parity and HTTP scaling acceptance scripts; "evidence" one B1/B3/B6 evidence bundle
+# of our server beside faster-qwen3-tts. Run those in a second call: one call cannot fit everything in 10 minutes.
+# COMMIT names the bench JSONs (bench-<mode>-<COMMIT>.json) when .git does not travel.
+# The last lines printed are the summary table (tests, then one row per mode).
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
@@ -55,14 +59,14 @@ fi
 
 if want tests; then
   phase "tests/device kernels" 150
-  timeout "$(cap 150)" python3 -m pytest -q -x tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py \
+  timeout "$(cap 150)" python3 -m pytest -q tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py \
     -p no:cacheprovider --junitxml="$RESULTS/device-kernel-tests.xml" 2>&1 | tail -25
   pack
 fi
 
 if want kbench; then
   phase "kernel micro-benchmarks" 90
-  timeout "$(cap 90)" python3 benchmarks/device/kernel_bench.py --out "$RESULTS/kernel-bench.json" 2>&1 | tail -40
+  timeout "$(cap 90)" python3 benchmarks/device/kernel_bench.py --batches 1,2,4,8,64 --out "$RESULTS/kernel-bench.json" 2>&1 | tail -40
   pack
 fi
 
@@ -91,5 +95,46 @@ if want bench; then
   pack
 fi
 
+if want accept; then
+  phase "acceptance: foundation parity vs the official reference (bf16, greedy, 200 frames)" 200
+  timeout "$(cap 200)" python3 benchmarks/device/foundation_parity.py --out "$RESULTS" --model "$SNAPSHOT" \
+    --ref-pythonpath /tmp/site_ref:/tmp/site_common --modes "${PARITY_MODES:-non_streaming,streaming}" 2>&1 | tail -25
+  cp -f "$RESULTS"/foundation-parity.json "$OUT"/ 2>/dev/null
+  phase "acceptance: HTTP scaling at 1/4/16 streams" 150
+  timeout "$(cap 150)" python3 benchmarks/device/http_scaling.py --out "$RESULTS" --model "$SNAPSHOT" 2>&1 | tail -20
+  cp -f "$RESULTS"/http-scaling.json "$OUT"/ 2>/dev/null
+  pack
+fi
+
+if want evidence; then
+  phase "evidence: ours + faster-qwen3-tts, B1/B3/B6, one bundle" 240
+  timeout "$(cap 240)" python3 benchmarks/device/evidence_run.py --model "$SNAPSHOT" --zero-eos --out "$OUT" \
+    --faster-pythonpath /tmp/site_faster:/tmp/site_common --budget-s "$(( $(cap 240) - 10 ))"
+  echo "evidence rc=$?"
+  pack
+fi
+
 phase done 0
 ls -la "$OUT"
+echo; echo "=== summary"
+python3 - "$RESULTS" <<'PY'
+import glob, json, sys, xml.etree.ElementTree as ET
+results = sys.argv[1]
+for path in sorted(glob.glob(f"{results}/device-*-tests.xml")):
+    suite = ET.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    bad = [c.get("name") for c in suite.iter("testcase") if any(x.tag in ("failure", "error") for x in c)]
+    print(f"{path.rsplit('/', 1)[-1]}: {suite.get('tests')} tests, {len(bad)} failed {bad}")
+def f(v, spec=".4f"):
+    return format(v, spec) if isinstance(v, (int, float)) else str(v)
+print(f"{'mode':<6} {'RTF1':>7} {'loopRTF':>7} {'TTFA50':>7} {'TTFA95':>7} {'agg64':>7} {'worst64':>7} {'memGB':>6}  codec ms (1f/4f)")
+for path in sorted(glob.glob(f"{results}/bench-*.json")):
+    s = json.load(open(path)).get("summary", {})
+    codec = s.get("codec_packet_ms") or {}
+    mem = s.get("peak_gpu_memory_bytes_b1")
+    print(f"{s.get('mode', '?'):<6} {f(s.get('single_stream_rtf')):>7} {f(s.get('frame_loop_rtf')):>7} "
+          f"{f(s.get('ttfa_p50_ms'), '.1f'):>7} {f(s.get('ttfa_p95_ms'), '.1f'):>7} "
+          f"{f((s.get('aggregate_rtf') or {}).get('64')):>7} {f((s.get('worst_stream_rtf') or {}).get('64')):>7} "
+          f"{f(mem / 1e9 if mem else None, '.2f'):>6}  {f(codec.get('1_frame'), '.2f')}/{f(codec.get('4_frame'), '.2f')}")
+    print(f"       peers {s.get('peers')}  codec error {s.get('codec_waveform_error')}")
+PY

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,29 +37,30 @@ def patch_rope_default() -> None:
     ROPE_INIT_FUNCTIONS["default"] = default
 
 
+def load_faster(model: Path) -> Any:
+    """FasterQwen3TTS on CUDA (bf16, sdpa, 2048-position static cache) with the RoPE workaround applied."""
+    import qwen_tts  # noqa: F401  (registers its compat helpers before we patch)
+    import torch
+
+    patch_rope_default()
+    from faster_qwen3_tts import FasterQwen3TTS
+
+    return FasterQwen3TTS.from_pretrained(
+        str(model), device="cuda", dtype=torch.bfloat16, attn_implementation="sdpa", max_seq_len=2048
+    )
+
+
 def main() -> int:
     args = parser(__doc__ or "").parse_args()
     record: dict[str, Any] = {"peer": "faster-qwen3-tts", "frames_requested": args.frames}
     try:
-        import qwen_tts  # noqa: F401  (registers its compat helpers before we patch)
-        import torch
-
-        patch_rope_default()
         from importlib.metadata import version
 
-        from faster_qwen3_tts import FasterQwen3TTS
+        import torch
 
         record["version"] = version("faster-qwen3-tts")
         record["transformers"] = version("transformers")
-        load_s, model = timed(
-            lambda: FasterQwen3TTS.from_pretrained(
-                str(args.model),
-                device="cuda",
-                dtype=torch.bfloat16,
-                attn_implementation="sdpa",
-                max_seq_len=2048,
-            )
-        )
+        load_s, model = timed(partial(load_faster, args.model))
         record["load_s"] = load_s
 
         def synth() -> Any:
@@ -88,7 +90,7 @@ def main() -> int:
                     max_new_tokens=args.frames,
                     chunk_size=chunk,
                 )
-                seconds, _ = timed(lambda stream=stream: next(stream))
+                seconds, _ = timed(partial(next, stream))
                 stream.close()
                 values.append(seconds * 1000)
             ttfa[f"chunk_{chunk}"] = summarize(values[1:])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import VoiceDesignConfig
-from .layers import BlockShape, DecoderBlock, KVCache, Linear, RMSNorm, rope_cos_sin
+from .layers import AttentionImpl, BlockShape, DecoderBlock, KVCache, Linear, RMSNorm, rope_cos_sin
 
 CodeChooser = Callable[[Tensor, int], Tensor]
 """(fp32 logits [B, vocab], group) -> codes [B]; group g predicts codebook g + 1."""
@@ -24,7 +24,9 @@ class CodePredictor(nn.Module):
     rope_cos: Tensor  # [positions, head_dim] table, gathered per position (see rope_cos_sin)
     rope_sin: Tensor
 
-    def __init__(self, config: VoiceDesignConfig, tensors: dict[str, Tensor]) -> None:
+    def __init__(
+        self, config: VoiceDesignConfig, tensors: dict[str, Tensor], *, attention: AttentionImpl = "eager"
+    ) -> None:
         super().__init__()
         pc = config.talker.code_predictor
         prefix = "talker.code_predictor"
@@ -35,7 +37,7 @@ class CodePredictor(nn.Module):
             tensors[f"{prefix}.small_to_mtp_projection.bias"],
         )
         self.layers = nn.ModuleList(
-            DecoderBlock(self.shape, tensors, f"{prefix}.model.layers.{i}")
+            DecoderBlock(self.shape, tensors, f"{prefix}.model.layers.{i}", attention)
             for i in range(pc.num_hidden_layers)
         )
         self.norm = RMSNorm(tensors[f"{prefix}.model.norm.weight"], pc.rms_norm_eps)
@@ -53,8 +55,11 @@ class CodePredictor(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @classmethod
-    def from_tensors(cls, config: VoiceDesignConfig, tensors: dict[str, Tensor]) -> CodePredictor:
-        return cls(config, tensors)
+    def from_tensors(
+        cls, config: VoiceDesignConfig, tensors: dict[str, Tensor], *, attention: AttentionImpl = "eager"
+    ) -> CodePredictor:
+        """`attention`: the official backend to reproduce ("sdpa" is a CPU reference, see layers)."""
+        return cls(config, tensors, attention=attention)
 
     def new_cache(self, batch: int) -> KVCache:
         """A per-frame cache: one slot per row, 16 positions (talker hidden, cb0, cb1..cb14)."""
@@ -80,7 +85,7 @@ class CodePredictor(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: Tensor, group: int) -> Tensor:
-        """lm_head[group] (codebook group + 1) in the model dtype, then fp32."""
+        """lm_head[group] (codebook group + 1) in the model dtype, then fp32 (as HF generate casts)."""
         return self.heads[group](hidden).float()
 
     def embed(self, codes: Tensor, group: int) -> Tensor:
@@ -91,6 +96,9 @@ class CodePredictor(nn.Module):
         """Codebooks 1..15 for B frames: talker_hidden, cb0_embed [B, talker_hidden] -> codes [B, 15].
 
         `choose` turns each step's logits into codes (sampling, greedy, or teacher forcing in tests).
+
+        Step 0 applies lm_head[0] to both of its positions and keeps the last, as the official forward
+        does: one product of M = 2 per session (see `layers.linear`), not M = 1 on the last position.
         """
         batch = talker_hidden.shape[0]
         cache = self.new_cache(batch)
@@ -98,8 +106,8 @@ class CodePredictor(nn.Module):
         positions = torch.arange(2, device=x.device).expand(batch, 2)
         codes = []
         for group in range(self.groups):
-            hidden = self.forward(x, positions, cache)[:, -1]
-            code = choose(self.logits(hidden, group), group)
+            hidden = self.forward(x, positions, cache)
+            code = choose(self.logits(hidden, group)[:, -1], group)
             codes.append(code)
             if group + 1 < self.groups:
                 x = self.embed(code, group).unsqueeze(1)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import VoiceDesignConfig
-from .layers import BlockShape, DecoderBlock, KVCache, Linear, RMSNorm, rope_cos_sin
+from .layers import AttentionImpl, BlockShape, DecoderBlock, KVCache, Linear, RMSNorm, rope_cos_sin
 
 
 class PromptPlanLike(Protocol):
@@ -37,13 +37,16 @@ class Talker(nn.Module):
     rope_cos: Tensor  # [positions, head_dim] table, gathered per position (see rope_cos_sin)
     rope_sin: Tensor
 
-    def __init__(self, config: VoiceDesignConfig, tensors: dict[str, Tensor]) -> None:
+    def __init__(
+        self, config: VoiceDesignConfig, tensors: dict[str, Tensor], *, attention: AttentionImpl = "eager"
+    ) -> None:
         super().__init__()
         self.config = config
         tc = config.talker
         self.shape = BlockShape(tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, tc.rms_norm_eps)
         self.layers = nn.ModuleList(
-            DecoderBlock(self.shape, tensors, f"talker.model.layers.{i}") for i in range(tc.num_hidden_layers)
+            DecoderBlock(self.shape, tensors, f"talker.model.layers.{i}", attention)
+            for i in range(tc.num_hidden_layers)
         )
         self.norm = RMSNorm(tensors["talker.model.norm.weight"], tc.rms_norm_eps)
         self.codec_head = Linear(tensors["talker.codec_head.weight"])
@@ -72,8 +75,11 @@ class Talker(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @classmethod
-    def from_tensors(cls, config: VoiceDesignConfig, tensors: dict[str, Tensor]) -> Talker:
-        return cls(config, tensors)
+    def from_tensors(
+        cls, config: VoiceDesignConfig, tensors: dict[str, Tensor], *, attention: AttentionImpl = "eager"
+    ) -> Talker:
+        """`attention`: the official backend to reproduce ("sdpa" is a CPU reference, see layers)."""
+        return cls(config, tensors, attention=attention)
 
     @property
     def hidden_size(self) -> int:
@@ -93,8 +99,14 @@ class Talker(nn.Module):
         )
 
     def text_embed(self, ids: Tensor) -> Tensor:
-        """T(x) = text_projection(text_embedding(x)) (model.md §2.4)."""
-        return self.text_fc2(F.silu(self.text_fc1(F.embedding(ids, self.text_embedding))))
+        """T(x) = text_projection(text_embedding(x)) (model.md §2.4) of one segment of ids [n] -> [n, H].
+
+        The n tokens go through the projection as one [1, n] sequence, as the official prompt builder
+        passes each segment, so its two products have M = n like the official ones (see `layers.linear`).
+        SiLU runs in the model dtype on the rounded fc1 output, as ACT2FN["silu"] does.
+        """
+        hidden = F.embedding(ids, self.text_embedding).unsqueeze(0)
+        return self.text_fc2(F.silu(self.text_fc1(hidden)))[0]
 
     def codec_embed(self, ids: Tensor) -> Tensor:
         """C(x): the talker's codec-vocabulary table (codebook-0 codes and control ids)."""
@@ -113,6 +125,9 @@ class Talker(nn.Module):
         language tags + codec_pad), then the text: all of it in the prompt for "non_streaming" (the
         trailing stream is empty, so every step adds tts_pad), or only its first token for "streaming"
         (the rest plus tts_eos is fed one element per frame).
+
+        The segments are projected with the official grouping (`text_embed`): in streaming mode the first
+        text token and the rest are two separate segments, as the official `[3:4]` and `[4:-5]` slices are.
         """
         if not plan.text_ids:
             raise ValueError("the prompt plan has no text tokens")
@@ -136,16 +151,18 @@ class Talker(nn.Module):
             segments.append(self.text_embed(ids(plan.instruct_ids)))
         segments.append(self.text_embed(ids(plan.role_ids)))
         segments.append(text_side + codec_prefix)
-        text = self.text_embed(ids(plan.text_ids))
         if plan.text_mode == "non_streaming":
+            text = self.text_embed(ids(plan.text_ids))
             pad = self.codec_embed(ids([tc.codec_pad_id]))
             bos = self.codec_embed(ids([tc.codec_bos_id]))
             segments.append(torch.cat([text, tts_eos.unsqueeze(0)]) + pad)
             segments.append(tts_pad.unsqueeze(0) + bos)
             trailing = text.new_zeros((0, text.shape[1]))
         else:
-            segments.append(text[:1] + self.codec_embed(ids([tc.codec_bos_id])))
-            trailing = torch.cat([text[1:], tts_eos.unsqueeze(0)])
+            first = self.text_embed(ids(plan.text_ids[:1]))
+            segments.append(first + self.codec_embed(ids([tc.codec_bos_id])))
+            rest = self.text_embed(ids(plan.text_ids[1:])) if len(plan.text_ids) > 1 else first[:0]
+            trailing = torch.cat([rest, tts_eos.unsqueeze(0)])
         return torch.cat(segments), trailing, tts_pad
 
     def forward(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
@@ -161,5 +178,13 @@ class Talker(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """codec_head in the model dtype, then fp32 (the sampler works on fp32 logits)."""
+        """codec_head in the model dtype, then fp32 (the sampler works on fp32 logits).
+
+        The head's output is rounded to the model dtype first, like the official `codec_head` whose bf16
+        logits HF generate casts to fp32. hidden [B, H] or [B, T, H]. The official prefill applies the head
+        to all L prompt positions (one product of M = L) and samples the last; the engine's prefill applies
+        it to the last position only (M = 1): the same math, and on CPU at the real widths about 2 in
+        10,000 logits differ by a bf16 ulp (see `layers.linear`). The CUDA-graph prefill captures the
+        M = 1 form, so matching the official product needs both backends changed together.
+        """
         return self.codec_head(hidden).float()

@@ -18,7 +18,7 @@ in float32; the codes, which are what parity is defined on, are unaffected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -111,7 +111,7 @@ class CodecGraphs:
         if batch > top:
             parts = [self.decode(slots[i : i + top], codes[i : i + top]) for i in range(0, batch, top)]
             return torch.cat(parts)
-        bucket = next(b for b in self.buckets if b >= batch)
+        bucket = self._bucket(batch)
         packet = self._packet(bucket, frames)
         packet.codes[:batch].copy_(codes, non_blocking=True)
         index = torch.tensor(slots + [self.scratch] * (bucket - batch), dtype=torch.int64)
@@ -119,11 +119,16 @@ class CodecGraphs:
         packet.graph.replay()
         return packet.wave[:batch].clone()
 
-    def capture_all(self) -> None:
-        """Capture every (bucket, packet size) now (server start), instead of on first use."""
-        for bucket in self.buckets:
+    def capture_all(self, batches: Iterable[int] | None = None) -> None:
+        """Capture every packet size for the buckets of `batches` (default: all buckets) now, e.g. at
+        server start, instead of on first use."""
+        wanted = self.buckets if batches is None else {self._bucket(b) for b in batches}
+        for bucket in sorted(wanted):
             for frames in range(1, MAX_PACKET_FRAMES + 1):
                 self._packet(bucket, frames)
+
+    def _bucket(self, batch: int) -> int:
+        return next((b for b in self.buckets if b >= batch), self.buckets[-1])
 
     def _packet(self, bucket: int, frames: int) -> _Packet:
         packet = self._packets.get((bucket, frames))

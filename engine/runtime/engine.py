@@ -25,6 +25,8 @@ from ..prompt import build_prompt_plan
 from ..snapshot import load_speech_decoder_tensors, load_voice_design_tensors
 from ..tokenizer import TextTokenizer
 from .codec_graphs import CodecGraphs, fp32_codec
+from .graphs import SCRATCH_SLOTS
+from .modes import Mode, resolve_mode
 from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
 from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import Session
@@ -47,6 +49,7 @@ class VoiceDesignEngine:
         decoder: SpeechDecoder | None = None,
         max_sessions: int = 8,
         max_context: int = 4096,
+        scratch_slots: int = 0,
     ) -> None:
         self.config = config
         self.talker = talker
@@ -56,7 +59,10 @@ class VoiceDesignEngine:
         self.max_sessions = max_sessions
         self.max_context = max_context
         self.device = talker.codec_embedding.device
-        self.cache = talker.new_cache(max_sessions, max_context)
+        self.cache = talker.new_cache(max_sessions + scratch_slots, max_context)
+        """KV pool: slots 0..max_sessions-1 belong to sessions; `scratch_slots` more (the graphs' padding
+        rows) are allocated up front when the engine will be accelerated, so installing them reallocates
+        nothing."""
         self._free_slots = list(range(max_sessions))
         self.frame_backend: FrameBackend = EagerFrameBackend()
         """Computes the frames; runtime/graphs.py swaps in CUDA graphs (and grows the cache by its scratch
@@ -70,15 +76,29 @@ class VoiceDesignEngine:
         snapshot_dir: str | Path,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        codec_dtype: torch.dtype = torch.float32,
+        codec_dtype: torch.dtype | None = None,
         max_sessions: int = 8,
         max_context: int = 4096,
+        *,
+        accelerate: bool | None = None,
+        mode: Mode | str | None = None,
     ) -> VoiceDesignEngine:
-        """Load a snapshot: config, checked tensors, text tokenizer, talker, predictor, speech decoder."""
+        """Load a snapshot: config, checked tensors, text tokenizer, talker, predictor, speech decoder.
+
+        accelerate (default: on a CUDA device): put the engine on its CUDA graphs of `mode` (default:
+        QWEN3_TTS_MODE, else exact) and capture them before returning (runtime/accelerate.py), sized to
+        `max_sessions`. codec_dtype (default: the mode's when accelerated, else float32).
+        """
+        from . import accelerate as fast_paths
+
+        accelerated = torch.device(device).type == "cuda" if accelerate is None else accelerate
+        chosen = resolve_mode(mode) if accelerated and not isinstance(mode, Mode) else mode
+        if codec_dtype is None:
+            codec_dtype = chosen.codec_dtype if isinstance(chosen, Mode) else torch.float32
         config = load_config(snapshot_dir)
         tensors = load_voice_design_tensors(snapshot_dir, config, dtype, device)
         decoder_tensors = load_speech_decoder_tensors(snapshot_dir, config, codec_dtype, device)
-        return cls(
+        engine = cls(
             config,
             Talker.from_tensors(config, tensors),
             CodePredictor.from_tensors(config, tensors),
@@ -86,7 +106,11 @@ class VoiceDesignEngine:
             decoder=SpeechDecoder.from_tensors(config.speech_decoder, decoder_tensors),
             max_sessions=max_sessions,
             max_context=max_context,
+            scratch_slots=SCRATCH_SLOTS if accelerated else 0,
         )
+        if accelerated:
+            fast_paths.accelerate(engine, chosen)
+        return engine
 
     @property
     def free_slots(self) -> int:
@@ -202,9 +226,13 @@ class VoiceDesignEngine:
     def decode_packets(self, sessions: list[Session], frames: list[Tensor]) -> list[bytes]:
         """`decode_packet` for several sessions at once: frames[i] [n_i, 16] continues sessions[i]'s stream.
 
-        Sessions whose packets have the same frame count are decoded as one batch (one graph replay with a
-        codec backend, one batched forward over `CodecStreamState.cat` without), and the waveforms come
-        back to the host in one copy per batch.
+        On CUDA, sessions whose packets have the same frame count are decoded as one batch (one graph
+        replay with a codec backend, one batched forward over `CodecStreamState.cat` without), and the
+        waveforms come back to the host in one copy per batch; a session's samples may then differ from
+        its solo decode at the float32 rounding level (codec_graphs.py), so a PCM16 sample can move by one
+        step. On CPU each session is decoded alone, so the bytes equal `decode_packet`'s exactly: the CPU
+        convolutions round differently with the batch size, and the server's byte-equality guarantees
+        (streamed == offline, batched == solo) are defined and tested on CPU.
         """
         if self.decoder is None:
             raise EngineError("this engine has no speech decoder")
@@ -214,8 +242,9 @@ class VoiceDesignEngine:
             if session.released or (self.codec_backend is None and session.codec_state is None):
                 raise EngineError("decode_packets needs live sessions")
         groups: dict[int, list[int]] = {}
+        batched = self.device.type == "cuda"
         for index, packet in enumerate(frames):
-            groups.setdefault(packet.shape[0], []).append(index)
+            groups.setdefault(packet.shape[0] if batched else index, []).append(index)
         out: list[bytes] = [b""] * len(sessions)
         with fp32_codec() if self.device.type == "cuda" else nullcontext():
             for members in groups.values():

@@ -72,7 +72,23 @@ def _prepare(weight: Tensor, mode: Mode) -> Weight:
 
 
 def _fuse(*params: Tensor) -> Tensor:
-    """Concatenate weights along rows and re-point each parameter at its slice (no second bf16 copy)."""
+    """Concatenate weights along rows and re-point each parameter at its slice (no second bf16 copy).
+
+    Parameters that are already adjacent slices of one storage (fused by an earlier backend) are viewed
+    in place, so a second backend neither copies nor moves them: graphs captured earlier keep valid
+    pointers. Re-pointing happens once, when the first fast backend is built."""
+    first = params[0].detach()
+    end = first.data_ptr()
+    adjacent = True
+    for param in params:
+        same_storage = param.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not (param.is_contiguous() and same_storage and param.data_ptr() == end):
+            adjacent = False
+            break
+        end += param.numel() * param.element_size()
+    if adjacent:
+        rows = sum(p.shape[0] for p in params)
+        return first.as_strided((rows, *first.shape[1:]), first.stride())
     fused = torch.cat([p.detach() for p in params])
     start = 0
     for param in params:

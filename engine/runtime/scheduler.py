@@ -4,7 +4,10 @@ Each loop iteration (1) retires cancelled requests, (2) starts newly admitted on
 frame as a 1-frame packet ahead of everything else (first-frame priority: a newcomer never waits for the
 batch), then (3) runs one batched ``step`` over every session whose output queue has room. A session whose
 queue is full skips steps until its consumer drains it (backpressure), so a slow client slows only itself
-and the worker never blocks on I/O. Packets are decoded per request with the codec's stream state.
+and the worker never blocks on I/O. The packets that fall due in one step (several sessions completing a
+packet, or ending, on the same frame) are decoded by one ``decode_packets`` call, which batches them on
+CUDA (one codec graph replay) and decodes each session alone on CPU (engine.py says why), each continuing
+its own codec stream state.
 
 Consumers (the HTTP layer, other threads) talk to the worker only through a ``RequestHandle``: ``poll``
 never blocks, ``cancel`` is idempotent, and a ``notify`` callback tells them when to poll again. Slots are
@@ -36,7 +39,7 @@ class FrameEngine(Protocol):
 
     def step(self, sessions: list[Any]) -> list[FrameResult]: ...
 
-    def decode_packet(self, session: Any, frames: torch.Tensor) -> bytes: ...
+    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]: ...
 
     def release(self, session: Any) -> None: ...
 
@@ -54,8 +57,9 @@ class RequestMetrics:
     """Per-request timings (microseconds from enqueue) and sizes, as in the seed's end part.
 
     ``talker_gpu_microseconds`` / ``codec_gpu_microseconds`` are host wall time of the engine calls that
-    advanced this request (batch aggregate for batched steps); the device-bytes field is 0 because memory
-    is not attributed per request; ``peak_request_host_bytes`` is the most PCM this request held queued.
+    advanced this request (batch aggregate for batched steps and packet decodes); the device-bytes field is
+    0 because memory is not attributed per request; ``peak_request_host_bytes`` is the most PCM this
+    request held queued.
     """
 
     queue_microseconds: int = 0
@@ -274,7 +278,7 @@ class Scheduler:
         metrics.talker_gpu_microseconds += elapsed
         job = _Job(handle, session)
         self._active.append(job)
-        self._take(job, result, target=1)
+        self._take([(job, result)], target=1)  # decoded and sent now: a newcomer never waits for the batch
 
     def _step(self, jobs: list[_Job]) -> None:
         started = time.perf_counter_ns()
@@ -287,54 +291,79 @@ class Scheduler:
                 self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
             return
         elapsed = (time.perf_counter_ns() - started) / 1000
-        for job, result in zip(jobs, results, strict=True):
+        for job in jobs:
             job.handle.metrics.talker_gpu_microseconds += elapsed
-            self._take(job, result, target=self.packet_frames)
+        self._take(list(zip(jobs, results, strict=True)), target=self.packet_frames)
 
-    def _take(self, job: _Job, result: FrameResult, target: int) -> None:
+    def _take(self, taken: list[tuple[_Job, FrameResult]], target: int) -> None:
+        """Group each job's frames into packets; the packets due now are decoded in one call.
+
+        A full packet is held until the job's next result says whether it is the final one (the first
+        packet excepted: EOS cannot follow frame 0, so it goes out at once).
+        """
+        due: list[tuple[_Job, FrameResult]] = []
+        for job, result in taken:
+            if result.codes is not None:
+                job.handle.metrics.generated_codec_frames += 1
+                if job.held is not None:
+                    self._emit(job, job.held)
+                    job.held = None
+                job.pending.append(result.codes)
+            if job.pending and (result.finish_reason is not None or len(job.pending) >= target):
+                due.append((job, result))
+            elif result.finish_reason is not None:
+                self._finish_job(job, result)
+        if not due:
+            return
         try:
-            self._advance(job, result, target)
+            packets = self._decode([job for job, _ in due])
         except Exception as error:
-            self._retire(job, Failed("internal_error", f"codec decode failed: {type(error).__name__}"))
-
-    def _advance(self, job: _Job, result: FrameResult, target: int) -> None:
-        """Group frames into packets; a full packet is held until the next result says if it is final."""
-        if result.codes is not None:
-            job.handle.metrics.generated_codec_frames += 1
-            if job.held is not None:
-                self._emit(job, job.held)
-                job.held = None
-            job.pending.append(result.codes)
-        if result.finish_reason is not None:
-            if job.pending:
-                job.held = self._decode(job)
-            if job.held is not None:
-                self._emit(job, replace(job.held, is_final=True, finish_reason=result.finish_reason))
-                job.held = None
-            self._retire(job, result.finish_reason)
-        elif len(job.pending) >= target:
-            packet = self._decode(job)
-            if target == 1 and job.sequence == 0:
-                self._emit(job, packet)  # EOS cannot follow frame 0, so the first packet goes out at once
+            failure = Failed("internal_error", f"codec decode failed: {type(error).__name__}")
+            for job, _ in due:
+                self._retire(job, failure)
+            return
+        for (job, result), packet in zip(due, packets, strict=True):
+            if result.finish_reason is not None:
+                job.held = packet
+                self._finish_job(job, result)
+            elif target == 1 and packet.sequence == 0:
+                self._emit(job, packet)
             else:
                 job.held = packet
 
-    def _decode(self, job: _Job) -> AudioPacket:
+    def _finish_job(self, job: _Job, result: FrameResult) -> None:
+        """The job's last frame is in: its held packet (if any) goes out as the final one; then retire."""
+        assert result.finish_reason is not None
+        if job.held is not None:
+            self._emit(job, replace(job.held, is_final=True, finish_reason=result.finish_reason))
+            job.held = None
+        self._retire(job, result.finish_reason)
+
+    def _decode(self, jobs: list[_Job]) -> list[AudioPacket]:
+        """One ``decode_packets`` call for the pending frames of `jobs`; their packets, in order."""
         started = time.perf_counter_ns()
-        pcm = self.engine.decode_packet(job.session, torch.stack(job.pending))
-        job.handle.metrics.codec_gpu_microseconds += (time.perf_counter_ns() - started) / 1000
-        packet = AudioPacket(
-            sequence=job.sequence,
-            first_frame=job.next_frame,
-            frame_count=len(job.pending),
-            pcm=pcm,
-            is_final=False,
-            finish_reason=None,
-        )
-        job.sequence += 1
-        job.next_frame += len(job.pending)
-        job.pending = []
-        return packet
+        sessions = [job.session for job in jobs]
+        pcms = self.engine.decode_packets(sessions, [torch.stack(job.pending) for job in jobs])
+        if len(pcms) != len(jobs):
+            raise RuntimeError(f"decode_packets returned {len(pcms)} packets for {len(jobs)} sessions")
+        elapsed = (time.perf_counter_ns() - started) / 1000
+        packets = []
+        for job, pcm in zip(jobs, pcms, strict=True):
+            job.handle.metrics.codec_gpu_microseconds += elapsed
+            packets.append(
+                AudioPacket(
+                    sequence=job.sequence,
+                    first_frame=job.next_frame,
+                    frame_count=len(job.pending),
+                    pcm=pcm,
+                    is_final=False,
+                    finish_reason=None,
+                )
+            )
+            job.sequence += 1
+            job.next_frame += len(job.pending)
+            job.pending = []
+        return packets
 
     def _emit(self, job: _Job, packet: AudioPacket) -> None:
         handle = job.handle

@@ -99,10 +99,11 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory) -> Starl
             await warm_up(scheduler, settings)
             state.admissions = Admissions(settings, scheduler, state.metrics)
             logger.info(
-                "engine ready in %.1f s (%s, %d slots, requests up to %g s of audio%s)",
+                "engine ready in %.1f s (%s, %d slot%s, requests up to %g s of audio%s)",
                 time.monotonic() - started,
                 settings.device,
                 settings.max_concurrent_requests,
+                "" if settings.max_concurrent_requests == 1 else "s",
                 settings.max_duration_seconds,
                 "; demo checkpoint: set --max-duration-seconds for longer" if settings.model is None else "",
             )

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("qwen3_tts.server")
 EXIT_WATCHDOG = 124
+MAX_TALKER_CONTEXT = 4096
+"""Positions per slot at most (the engine's own default). A prefill attending over the whole pool (the
+CUDA path, for fixed graph shapes) costs time and memory as prompt x context while every other stream
+waits: for the real model the fp32 scores of a prompt that fills the pool are about 1 GiB per layer at
+4096 positions and 21 GiB at 18.7k; on the tiny model (one CPU thread, whole-pool attention) an 8000-token
+prompt took 22 s with 8192 positions, a 4000-token one 4 s with 4096. Raise it once prefill attends over
+the prompt only."""
 KV_POOL_BUDGET_BYTES = 16 * 2**30
 """The talker KV pool (all slots) is kept under this by cutting positions per slot (``talker_context``)."""
 
@@ -98,15 +105,16 @@ def run(settings: ServerSettings, engine_factory: EngineFactory) -> int:
 def talker_context(settings: ServerSettings, talker: TalkerConfig, element_bytes: int) -> int:
     """Positions per slot of the talker KV pool (``max_context``).
 
-    What the largest request the settings allow can need (``settings.context_positions``: text and
-    description byte limits, template, ``max_duration_seconds``), capped by the model's position table and
-    by ``KV_POOL_BUDGET_BYTES`` over all slots. A request needing more than the cap fails with 422
-    ``invalid_request``. With the defaults (32 KiB text, 4 KiB description, 120 s) the real model in
-    bfloat16 with 8 slots is capped at about 18.7k positions (16 GiB); lower ``max_text_bytes`` for less.
+    What the largest request the settings allow can need (``settings.context_positions``: the text and
+    description byte limits, the template, ``max_duration_seconds``), capped by ``MAX_TALKER_CONTEXT``, the
+    model's position table and ``KV_POOL_BUDGET_BYTES`` over all slots. A request needing more positions
+    than the pool holds fails with 422 ``invalid_request``. The defaults (32 KiB text, 4 KiB description,
+    120 s) allow more than the cap, so the cap applies: 120 s of audio after a prompt of up to 2597 tokens.
     """
     per_position = 2 * talker.num_hidden_layers * talker.num_key_value_heads * talker.head_dim * element_bytes
     budget = KV_POOL_BUDGET_BYTES // (per_position * settings.max_concurrent_requests)
-    return max(1, min(settings.context_positions, talker.max_position_embeddings, budget))
+    needed = min(settings.context_positions, talker.max_position_embeddings, MAX_TALKER_CONTEXT)
+    return max(1, min(needed, budget))
 
 
 def load_engine(settings: ServerSettings) -> FrameEngine:
@@ -121,14 +129,17 @@ def load_engine(settings: ServerSettings) -> FrameEngine:
     dtype = torch.bfloat16 if settings.device.startswith("cuda") else torch.float32
     talker = load_config(model).talker
     context = talker_context(settings, talker, dtype.itemsize)
-    cut_by_budget = context < min(settings.context_positions, talker.max_position_embeddings)
-    (logger.warning if cut_by_budget else logger.info)(
-        "talker context: %d positions per slot%s; the request limits allow up to %d (prompt tokens + "
-        "frames), a request needing more than the context gets 422 invalid_request",
-        context,
-        " (cut to fit the KV pool budget)" if cut_by_budget else "",
-        settings.context_positions,
-    )
+    if context >= settings.context_positions:
+        logger.info("talker context: %d positions per slot, enough for any request the limits allow", context)
+    else:
+        cut_by_budget = context < min(talker.max_position_embeddings, MAX_TALKER_CONTEXT)
+        (logger.warning if cut_by_budget else logger.info)(
+            "talker context: %d positions per slot (%s); the request limits allow prompts + frames of up to "
+            "%d, and a request that needs more than the context gets 422 invalid_request",
+            context,
+            "cut to fit the KV pool budget" if cut_by_budget else "the server's cap",
+            settings.context_positions,
+        )
     return VoiceDesignEngine.load(
         model,
         device=settings.device,

@@ -158,6 +158,9 @@ def system_info() -> dict[str, Any]:
         info["driver"], _, info["gpu_memory"] = (part.strip() for part in out.split(",", 2))
     except (OSError, subprocess.SubprocessError, ValueError):
         info["driver"] = None
+    if os.environ.get("COMMIT"):
+        info["commit"] = os.environ["COMMIT"]
+        return info
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10, check=True
@@ -217,7 +220,8 @@ def measure_single(engine: Any, frames: int, runs: int) -> dict[str, Any]:
 
 def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> dict[str, Any]:
     """Lockstep: all streams arrive at t0, are prefilled in turn, then stepped together; 1-frame first
-    packet, then 4-frame packets, decoded per session. Per-stream RTF counts from t0."""
+    packet, then 4-frame packets; the packets due after a step are decoded in one `decode_packets` call
+    (batched across sessions). Per-stream RTF counts from t0."""
     import torch
 
     sessions = [engine.start_session(make_request(frames, seed=1000 + i)) for i in range(streams)]
@@ -229,18 +233,26 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
     start = time.perf_counter()
     deadline = start + timeout_s
 
-    def flush(index: int, final: bool) -> None:
+    def flush(due: list[tuple[int, bool]]) -> None:
+        """Decode the packets that are due, all sessions in one call."""
         nonlocal codec_s
-        want = 1 if packets[index] == 0 else 4
-        if buffers[index] and (final or len(buffers[index]) >= want):
+        ready = [
+            i
+            for i, final in due
+            if buffers[i] and (final or len(buffers[i]) >= (1 if packets[i] == 0 else 4))
+        ]
+        if ready:
             t = time.perf_counter()
-            engine.decode_packet(sessions[index], torch.stack(buffers[index]))
+            engine.decode_packets([sessions[i] for i in ready], [torch.stack(buffers[i]) for i in ready])
             codec_s += time.perf_counter() - t
-            audio[index] += len(buffers[index])
-            packets[index] += 1
-            buffers[index] = []
-        if final:
-            finished_at[index] = time.perf_counter()
+        for i in ready:
+            audio[i] += len(buffers[i])
+            packets[i] += 1
+            buffers[i] = []
+        now = time.perf_counter()
+        for i, final in due:
+            if final:
+                finished_at[i] = now
 
     truncated = False
     try:
@@ -249,7 +261,7 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
             result = engine.prefill(session)
             if result.codes is not None:
                 buffers[index].append(result.codes)
-            flush(index, result.finish_reason is not None)
+            flush([(index, result.finish_reason is not None)])
             if result.finish_reason is None:
                 active.append(index)
         steps = 0
@@ -259,14 +271,15 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
                 break
             results = engine.step([sessions[i] for i in active])
             steps += 1
-            still = []
+            still, due = [], []
             for index, result in zip(active, results, strict=True):
                 if result.codes is not None:
                     buffers[index].append(result.codes)
                 done = result.finish_reason is not None
-                flush(index, done)
+                due.append((index, done))
                 if not done:
                     still.append(index)
+            flush(due)
             active = still
     finally:
         for session in sessions:
@@ -294,8 +307,11 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
 def weight_bytes_per_frame(engine: Any, backend: Any) -> int:
     """Bytes a frame must stream at batch 1: talker blocks + codec_head once, the predictor 15 times."""
     from ..engine.kernels.reference import QuantizedWeight
+    from ..engine.runtime.graphs import Weight
 
     def size(weight: Any) -> int:
+        if isinstance(weight, Weight):
+            return size(weight.small)
         if isinstance(weight, QuantizedWeight):
             return weight.data.numel() * weight.data.element_size() + weight.scale.numel() * 4
         return int(weight.numel() * weight.element_size())
@@ -362,13 +378,37 @@ def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[s
     return summary
 
 
-def codec_error(engine: Any, decoder_bf16: Any, frames: int = 48) -> dict[str, float]:
-    """Waveform error of the streamed (1 then 4-frame packets) bf16 and fp32 decodes against the fp32
-    one-shot decode of the same codes."""
+def codec_packet_ms(engine: Any, runs: int = 20) -> dict[str, float]:
+    """Median wall time of `decode_packet` for 1- and 4-frame packets of one session (PCM bytes included)."""
     import torch
 
+    session = engine.start_session(make_request(8, seed=3))
+    out: dict[str, float] = {}
+    try:
+        for frames in (1, 4):
+            codes = torch.randint(0, 2048, (frames, 16), device=engine.device)
+            engine.decode_packet(session, codes)
+            values = []
+            for _ in range(runs):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                engine.decode_packet(session, codes)
+                values.append((time.perf_counter() - start) * 1000)
+            out[f"{frames}_frame"] = statistics.median(values)
+    finally:
+        engine.release(session)
+    return out
+
+
+def codec_error(engine: Any, decoder_bf16: Any, frames: int = 48) -> dict[str, float]:
+    """Waveform error of the streamed (1 then 4-frame packets) bf16 and fp32 decodes against the fp32
+    one-shot decode of the same codes (all float32 work with TF32 off, as the engine runs it)."""
+    import torch
+
+    from ..engine.runtime.codec_graphs import fp32_codec
+
     codes = engine.generate_codes(make_request(frames, seed=77)).to(engine.device)
-    with torch.no_grad():
+    with torch.no_grad(), fp32_codec():
         reference = engine.decoder.decode(codes.T.unsqueeze(0))[0].float()
         out: dict[str, float] = {}
         for name, decoder in (("fp32", engine.decoder), ("bf16", decoder_bf16)):
@@ -393,7 +433,7 @@ def bench_mode(
 ) -> dict[str, Any]:
     import torch
 
-    from ..engine.runtime import graphs
+    from ..engine.runtime.accelerate import accelerate
     from ..engine.runtime.modes import resolve_mode
 
     mode = resolve_mode("fast") if name.startswith("fast") else resolve_mode("exact")
@@ -405,10 +445,13 @@ def bench_mode(
     result["stage_s"] = timings
 
     def attach(engine: Any) -> tuple[Any, Callable[[], None]]:
+        """The engine's CUDA fast paths, as the server gets them (runtime/accelerate.py): frame graphs and
+        codec graphs of this mode, every bucket up to the engine's session count captured now, so no capture
+        falls inside a timed run."""
         if eager:
             return None, lambda: None
-        backend = graphs.GraphFrameBackend(engine.talker, engine.predictor, mode)
-        return backend, graphs.install(engine, backend)
+        undo = accelerate(engine, mode)
+        return engine.frame_backend, undo
 
     with stage(timings, f"{name}: one stream"):
         torch.cuda.empty_cache()
@@ -420,6 +463,7 @@ def bench_mode(
             result["ttfa_ms"] = measure_ttfa(engine, args.ttfa_runs)
             result["single"] = measure_single(engine, args.frames, args.runs)
             result["peak_gpu_memory_bytes_b1"] = torch.cuda.max_memory_allocated()
+            result["codec_packet_ms"] = codec_packet_ms(engine)
             result["profile_b1"] = profile_frame(engine, backend, 1, profile_dir / f"profile-{name}-b1.txt")
         finally:
             undo()
@@ -541,7 +585,7 @@ def http_ttfa(model: Path, runs: int, port: int = 18089) -> dict[str, Any]:
                 values.append(((first or time.perf_counter()) - start) * 1000)
         return {
             "ttfa_ms": summarize(values[1:]),
-            "note": "first PCM byte of a streamed request, loopback, eager engine",
+            "note": "first PCM byte of a streamed request, loopback, the server's engine (accelerated)",
         }
     finally:
         server.terminate()
@@ -569,6 +613,9 @@ def build_summary(result: dict[str, Any], mode: str) -> dict[str, Any]:
         "aggregate_rtf": {k: v.get("aggregate_rtf") for k, v in conc.items()},
         "worst_stream_rtf": {k: v.get("worst_stream_rtf") for k, v in conc.items()},
         "peak_gpu_memory_bytes_b1": m.get("peak_gpu_memory_bytes_b1"),
+        "frame_loop_rtf": m.get("single", {}).get("frame_loop_rtf", {}).get("median"),
+        "codec_packet_ms": m.get("codec_packet_ms"),
+        "codec_waveform_error": result.get("codec_waveform_error"),
         "peers": peers,
     }
 
@@ -597,6 +644,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.config import load_config
     from ..engine.runtime.engine import VoiceDesignEngine
+    from ..engine.runtime.graphs import SCRATCH_SLOTS
 
     if not torch.cuda.is_available():
         print("qwen3-tts bench: needs a CUDA device", file=sys.stderr)
@@ -630,6 +678,7 @@ def run(args: argparse.Namespace) -> int:
             codec_dtype=torch.float32,
             max_sessions=1,
             max_context=args.max_context,
+            accelerate=False,  # holds the weights; each timed engine is accelerated in its mode
         )
     decoders: dict[Any, Any] = {torch.float32: base.decoder}
 
@@ -647,6 +696,7 @@ def run(args: argparse.Namespace) -> int:
             decoder=decoders[codec_dtype],
             max_sessions=sessions,
             max_context=args.max_context,
+            scratch_slots=SCRATCH_SLOTS,
         )
 
     profile_dir = args.profile_dir or args.out_dir

@@ -44,7 +44,12 @@ def greedy(seed: int = 0, frames: int = FRAMES) -> SynthesisRequest:
 @pytest.fixture(scope="module")
 def engine(device_snapshot: Path) -> VoiceDesignEngine:
     return VoiceDesignEngine.load(
-        device_snapshot, device="cuda", dtype=torch.bfloat16, max_sessions=4, max_context=512
+        device_snapshot,
+        device="cuda",
+        dtype=torch.bfloat16,
+        max_sessions=4,
+        max_context=512,
+        accelerate=False,
     )
 
 

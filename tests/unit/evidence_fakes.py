@@ -3,6 +3,7 @@
 
 The server is a stand-in for a peer's wire format, not for our engine: it emits deterministic PCM with
 the contract's framing, and special texts trigger failures (``FAIL429``, ``ERRPART``, ``TRUNCATE``).
+``FakeFasterModel`` stands in for a loaded faster-qwen3-tts model behind benchmarks/peers/faster_server.py.
 """
 
 from __future__ import annotations
@@ -180,6 +181,43 @@ def make_app() -> Starlette:
     )
 
 
+class _Languages:
+    def _validate_languages(self, languages: list[str]) -> None:
+        if any(
+            language.lower() not in ("english", "german", "french", "italian", "auto")
+            for language in languages
+        ):
+            raise ValueError(f"Unsupported languages: {languages}")
+
+
+class FakeFasterModel:
+    """faster-qwen3-tts's streaming VoiceDesign call: ``chunk_size`` frames of a constant level per chunk;
+    it counts how many calls run at once."""
+
+    model = _Languages()
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.most_active = 0
+        self._guard = threading.Lock()
+
+    def generate_voice_design_streaming(self, chunk_size: int, **kwargs: Any) -> Iterator[Any]:
+        import numpy as np
+
+        with self._guard:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            frames = int(kwargs["max_new_tokens"])
+            for start in range(0, frames, chunk_size):
+                count = min(chunk_size, frames - start)
+                time.sleep(0.002 * count)
+                yield np.full(count * SAMPLES_PER_FRAME, 0.25, dtype=np.float32), 24000, {}
+        finally:
+            with self._guard:
+                self.active -= 1
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -189,8 +227,8 @@ def free_port() -> int:
 class FakeServer:
     """The fake app served by uvicorn on a loopback port, in a background thread."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         config = uvicorn.Config(
             make_app(), host="127.0.0.1", port=self.port, log_level="error", lifespan="off"
         )

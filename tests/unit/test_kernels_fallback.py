@@ -144,3 +144,69 @@ def test_fast_frame_matches_the_reference_frame_on_cpu(
         got = fast.decode_frames(cache_b, previous, text, positions, slots, rows)
     assert torch.equal(got, expected)
     torch.testing.assert_close(cache_b.k, cache_a.k, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_prefill_matches_the_talker_prompt_pass_on_cpu(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+) -> None:
+    """The fast prefill (one kernel row per prompt token) computes the talker's prompt pass."""
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
+    fast = FastFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
+    prompt = torch.randn(11, talker.hidden_size, generator=torch.Generator().manual_seed(8))
+    slot = torch.tensor([2])
+    cache_a, cache_b = talker.new_cache(4, 32), talker.new_cache(4, 32)
+    with torch.no_grad():
+        positions = torch.arange(prompt.shape[0]).unsqueeze(0)
+        expected = talker(prompt.unsqueeze(0), positions, slot, cache_a)[:, -1]
+        got = fast.prefill_hidden(prompt, slot, cache_b)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache_b.k, cache_a.k, rtol=1e-5, atol=1e-5)
+
+
+def test_codec_pool_gather_scatter_equals_separate_streams(
+    tiny_voice_design_config: VoiceDesignConfig,
+) -> None:
+    """What a codec graph replays (gather rows of the state pool, decode, scatter back) continues each
+    stream exactly as decoding it alone does (float64, so any difference would be a state bug)."""
+    from qwen3_tts_native.engine.model.codec import SpeechDecoder
+    from qwen3_tts_native.engine.runtime.codec_graphs import _gather, _scatter
+    from qwen3_tts_native.engine.snapshot import expected_speech_decoder_tensors
+
+    config = tiny_voice_design_config.speech_decoder
+    g = torch.Generator().manual_seed(5)
+    tensors = {
+        name: (
+            torch.rand(shape, generator=g) + 0.5
+            if name.endswith("cluster_usage")
+            else 0.05 * torch.randn(shape, generator=g)
+        ).double()
+        for name, (shape, _dtype) in expected_speech_decoder_tensors(config).items()
+    }
+    decoder = SpeechDecoder.from_tensors(config, tensors)
+    pool = decoder.new_stream_state(4)  # slots 0..2 and scratch 3
+    alone = [decoder.new_stream_state() for _ in range(2)]
+    slots = torch.tensor([2, 0, 3])  # two live streams and a padded row on the scratch slot
+    for frames in (1, 4, 3):
+        codes = torch.randint(0, config.codebook_size, (3, config.num_quantizers, frames), generator=g)
+        state = _gather(pool, slots)
+        batched = decoder(codes, state)
+        _scatter(pool, slots, state)
+        for row in range(2):
+            torch.testing.assert_close(batched[row], decoder(codes[row : row + 1], alone[row])[0])
+
+
+def test_session_uniform_blocks_equal_frame_by_frame_draws() -> None:
+    """Uniforms drawn in blocks are the generator's frame-by-frame stream (seeded codes are unchanged)."""
+    from qwen3_tts_native.engine.runtime.session import UNIFORM_BLOCK_FRAMES, Session
+
+    session = Session.__new__(Session)
+    session.generator = torch.Generator().manual_seed(99)
+    session.device = torch.device("cpu")
+    session._uniforms, session._uniform_row = None, 0
+    got = torch.stack([session.draw_uniforms() for _ in range(UNIFORM_BLOCK_FRAMES + 5)])
+    g = torch.Generator().manual_seed(99)
+    expected = torch.stack(
+        [torch.rand(16, generator=g, dtype=torch.float64) for _ in range(UNIFORM_BLOCK_FRAMES + 5)]
+    )
+    assert torch.equal(got, expected)

@@ -47,8 +47,10 @@ class RecordingEngine:
             self.calls.append(("step", len(sessions)))
         return self.engine.step(sessions)
 
-    def decode_packet(self, session: Any, frames: torch.Tensor) -> bytes:
-        return self.engine.decode_packet(session, frames)
+    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]:
+        with self.lock:
+            self.calls.append(("decode", len(sessions)))
+        return self.engine.decode_packets(sessions, frames)
 
     def release(self, session: Any) -> None:
         self.engine.release(session)
@@ -99,7 +101,7 @@ def test_batches_first_frame_priority_and_slots(recording: RecordingEngine) -> N
         assert isinstance(stream[-1], Finished) and stream[-1].finish_reason == "length"
         packets = [e for e in stream if isinstance(e, AudioPacket)]
         assert packets[0].frame_count == 1 and [p.is_final for p in packets][-1]
-    calls = recording.calls
+    calls = [call for call in recording.calls if call[0] != "decode"]
     second_prefill = calls.index(("prefill", "second"))
     assert ("step", 2) in calls[second_prefill:], "the two sessions never shared a step"
     assert all(call == ("step", 1) for call in calls[1:second_prefill])
@@ -121,4 +123,50 @@ def test_a_full_queue_pauses_only_its_own_session(recording: RecordingEngine) ->
     finally:
         scheduler.close(30)
     assert isinstance(flowing_events[-1], Finished)
+    assert scheduler.used_slots == 0
+
+
+class PausingEngine(RecordingEngine):
+    """A RecordingEngine that holds the worker after its `after`-th step until `resume` is set."""
+
+    def __init__(self, engine: VoiceDesignEngine, after: int) -> None:
+        super().__init__(engine)
+        self.after = after
+        self.steps = 0
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def step(self, sessions: list[Any]) -> list[FrameResult]:
+        results = super().step(sessions)
+        self.steps += 1
+        if self.steps == self.after:
+            self.paused.set()
+            self.resume.wait(60)
+        return results
+
+
+def test_packets_due_together_are_decoded_in_one_call(
+    reference_engine: VoiceDesignEngine, offline_pcm: Any
+) -> None:
+    """A request admitted 4 steps after another has its packets due on the same steps (1 + 4k frames), and
+    both end on the same step: each such step decodes both in one call, and each stream's PCM is still
+    exactly its solo synthesis."""
+    engine = PausingEngine(reference_engine, after=4)
+    scheduler = Scheduler(engine, capacity=2, queue_packets=64)
+    early, late = request("early", 20), request("late", 16)
+    try:
+        first = scheduler.submit(early, lambda: None)
+        assert engine.paused.wait(60)
+        second = scheduler.submit(late, lambda: None)
+        engine.resume.set()
+        streams = drain(first), drain(second)
+    finally:
+        engine.resume.set()
+        scheduler.close(30)
+    for req, stream in zip((early, late), streams, strict=True):
+        assert isinstance(stream[-1], Finished) and stream[-1].finish_reason == "length"
+        pcm = b"".join(e.pcm for e in stream if isinstance(e, AudioPacket))
+        assert pcm == offline_pcm(req)
+    decodes = [n for call, n in engine.calls if call == "decode"]
+    assert decodes.count(2) == 4  # frames 5-8, 9-12, 13-16 and the final 17-19 of "early"
     assert scheduler.used_slots == 0
