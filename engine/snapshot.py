@@ -25,7 +25,6 @@ TensorSpec = tuple[tuple[int, ...], str]
 MODEL_FILE = "model.safetensors"
 SPEECH_TOKENIZER_DIR = "speech_tokenizer"
 SPEECH_TOKENIZER_MODEL_FILE = f"{SPEECH_TOKENIZER_DIR}/model.safetensors"
-SPEECH_DECODER_PREFIX = "decoder."
 SPEECH_ENCODER_PREFIX = "encoder."
 
 DTYPE_BYTES: dict[str, int] = {

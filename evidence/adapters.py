@@ -44,7 +44,6 @@ NATIVE_MODEL_ID = "qwen3-tts-1.7b-voice-design"
 API_NAMES = ("native", "openai", "wav")
 OPENAI_FIELDS = ("language", "seed", "max_duration_seconds", "sampling")
 """Workload fields the openai adapter can forward (``fields``) to a server that accepts them."""
-PACKET_KINDS = ("native_audio_packet", "raw_pcm_transport_arrival", "wav_data_arrival", "sse_audio_delta")
 
 
 class StreamFailure(Exception):

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .bundle import RunKey
-from .client import CLIENT_SCHEMA
 from .findings import Findings
 from .resources import PHASE_EVENTS, phase_times, reduce_run
 from .stats import close, differing_fields, run_figures, underruns
@@ -402,7 +401,3 @@ def identity_tuples(run: RunData) -> list[tuple[Any, ...]]:
         )
         for r in sorted(run.requests, key=lambda r: int(r.get("request_index", 0)))
     ]
-
-
-def is_our_record(record: Mapping[str, Any]) -> bool:
-    return record.get("schema_version") == CLIENT_SCHEMA

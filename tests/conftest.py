@@ -12,6 +12,7 @@ import importlib.machinery
 import math
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -270,6 +271,15 @@ def build_official_model(
         torch.set_default_dtype(previous)
     model.load_state_dict({name: value.to(dtype) for name, value in tensors.items()}, strict=True)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def official_model_builder() -> Callable[..., Any]:
+    """`build_official_model`, for tests that build the official model with other settings.
+
+    A fixture rather than `from conftest import ...`: several conftest.py files exist under tests/, and
+    which one that import finds depends on what pytest collected first."""
+    return build_official_model
 
 
 @pytest.fixture(scope="session")

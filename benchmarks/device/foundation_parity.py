@@ -32,14 +32,13 @@ import tempfile
 import time
 import traceback
 import types
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
+from common import Terminated, command_output, ensure_snapshot, package_version, terminate
 from torch import Tensor
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Hello there. This sentence checks that two implementations speak with exactly the same codes."
 VOICE_DESCRIPTION = "A warm, calm adult voice speaking at a relaxed pace."
 LANGUAGE = "english"
@@ -53,21 +52,6 @@ ASSISTANT_TAIL = 5  # <|im_end|> \n <|im_start|> assistant \n: the official code
 # ----------------------------------------------------------------------------------------------------
 # Shared helpers
 # ----------------------------------------------------------------------------------------------------
-
-
-class Terminated(BaseException):
-    """SIGTERM (e.g. from `timeout`): stop measuring, stop the children, write what was measured."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated(f"signal {signum}")
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def sync(device: str) -> None:
@@ -167,16 +151,6 @@ def run_reference(job_path: Path) -> int:
 # ----------------------------------------------------------------------------------------------------
 # Our side and the comparison (the main process)
 # ----------------------------------------------------------------------------------------------------
-
-
-def ensure_snapshot(model: Path, preset: str, seed: int) -> bool:
-    """Write a random snapshot of `preset`/`seed` into `model` unless one is there; True if written."""
-    if (model / "config.json").is_file():
-        return False
-    from qwen3_tts_native.engine.checkpoint import write_random_snapshot
-
-    write_random_snapshot(model, "full" if preset == "full" else "tiny", seed)
-    return True
 
 
 def prompt_ids(model: Path, modes: list[str]) -> list[dict[str, Any]]:
@@ -317,19 +291,9 @@ def machine_facts(device: str) -> dict[str, Any]:
         "driver": None,
         "commit": os.environ.get("COMMIT"),
     }
-    facts["driver"] = _command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    facts["commit"] = _command_output(["git", "rev-parse", "HEAD"]) or facts["commit"]
+    facts["driver"] = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    facts["commit"] = command_output(["git", "rev-parse", "HEAD"]) or facts["commit"]
     return facts
-
-
-def _command_output(command: list[str]) -> str | None:
-    """First line of a command's output, or None if it fails."""
-    try:
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = done.stdout.strip().splitlines()
-    return lines[0] if lines else None
 
 
 def start_reference(
@@ -479,7 +443,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker is not None:
         return run_reference(args.worker)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):

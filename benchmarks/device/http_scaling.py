@@ -32,13 +32,12 @@ import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import httpx
+from common import REPO_ROOT, Terminated, command_output, ensure_snapshot, package_version, terminate
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TEXT = (
     "Ladies and gentlemen, this stream measures how many codec frames the server produces per second "
     "when many listeners arrive at once."
@@ -47,14 +46,6 @@ VOICE_DESCRIPTION = "A warm, calm adult voice speaking at a relaxed pace."
 BYTES_PER_FRAME = 1920 * 2  # PCM16 mono samples of one 80 ms codec frame
 WARM_UP_SECONDS = 0.96  # 12 frames per warm-up request
 ACCEPTANCE_RATIO = 8.0
-
-
-class Terminated(BaseException):
-    """SIGTERM (e.g. from `timeout`): stop measuring, stop the server, write what was measured."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated(f"signal {signum}")
 
 
 @dataclass
@@ -213,24 +204,8 @@ def stop(server: subprocess.Popen[bytes]) -> int | None:
     return server.returncode
 
 
-def package_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def _command_output(command: list[str]) -> str | None:
-    try:
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = done.stdout.strip().splitlines()
-    return lines[0] if lines else None
-
-
 def machine_facts() -> dict[str, Any]:
-    gpu = _command_output(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    gpu = command_output(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     name, _, driver = (gpu or "").partition(",")
     return {
         "python": sys.version.split()[0],
@@ -241,19 +216,9 @@ def machine_facts() -> dict[str, Any]:
         "gpu": name.strip() or None,
         "driver": driver.strip() or None,
         "cpu_count": os.cpu_count(),
-        "commit": _command_output(["git", "rev-parse", "HEAD"]) or os.environ.get("COMMIT"),
+        "commit": command_output(["git", "rev-parse", "HEAD"]) or os.environ.get("COMMIT"),
         "qwen3_tts_mode": os.environ.get("QWEN3_TTS_MODE"),
     }
-
-
-def ensure_snapshot(model: Path, preset: str, seed: int) -> bool:
-    """Write a random snapshot of `preset`/`seed` into `model` unless one is there; True if written."""
-    if (model / "config.json").is_file():
-        return False
-    from qwen3_tts_native.engine.checkpoint import write_random_snapshot
-
-    write_random_snapshot(model, "full" if preset == "full" else "tiny", seed)
-    return True
 
 
 def measure(args: argparse.Namespace, levels: list[int], report: dict[str, Any], log_path: Path) -> None:
@@ -325,7 +290,7 @@ def main() -> int:
         parser.error("--concurrency levels must be in 1..64")
     args.model = (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
     report: dict[str, Any] = {
         "schema": "qwen3-tts-native/http-scaling/1",
         "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -11,6 +11,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,31 @@ def summarize(values: list[float]) -> dict[str, float]:
         "max": max(values),
         "n": len(values),
     }
+
+
+def timed_syntheses(synth: Callable[[], Any], runs: int) -> tuple[int, list[float], list[float]]:
+    """`runs` timed calls of `synth() -> (waves, sample_rate)`: (frames of the last, RTFs, seconds)."""
+    frames, rtfs, seconds = 0, [], []
+    for _ in range(runs):
+        elapsed, (waves, sample_rate) = timed(synth)
+        samples = sum(len(wave) for wave in waves)
+        frames = samples // SAMPLES_PER_FRAME
+        rtfs.append(elapsed / (samples / sample_rate))
+        seconds.append(elapsed)
+    return frames, rtfs, seconds
+
+
+def run(out: Path, record: dict[str, Any], measure: Callable[[dict[str, Any]], None]) -> int:
+    """Run `measure(record)` (an exception becomes `error` + `traceback`), then write the record.
+
+    Returns the exit code: 0, or 1 on error."""
+    try:
+        measure(record)
+    except Exception as error:
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc()
+    write(out, record)
+    return 0 if "error" not in record else 1
 
 
 def write(path: Path, record: dict[str, Any]) -> None:

@@ -8,14 +8,13 @@ rope_theta only in `rope_parameters`, so the registered default RoPE init falls 
 from __future__ import annotations
 
 import sys
-import traceback
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SAMPLES_PER_FRAME, parser, summarize, timed, write
+from common import parser, run, summarize, timed, timed_syntheses
 
 
 def patch_rope_default() -> None:
@@ -52,8 +51,8 @@ def load_faster(model: Path) -> Any:
 
 def main() -> int:
     args = parser(__doc__ or "").parse_args()
-    record: dict[str, Any] = {"peer": "faster-qwen3-tts", "frames_requested": args.frames}
-    try:
+
+    def measure(record: dict[str, Any]) -> None:
         from importlib.metadata import version
 
         import torch
@@ -70,12 +69,7 @@ def main() -> int:
 
         torch.cuda.reset_peak_memory_stats()
         synth()  # warm-up: graph capture and the first call at this length
-        rtfs, frames = [], 0
-        for _ in range(args.runs):
-            seconds, (audio, sr) = timed(synth)
-            samples = sum(len(a) for a in audio)
-            frames = samples // SAMPLES_PER_FRAME
-            rtfs.append(seconds / (samples / sr))
+        frames, rtfs, _ = timed_syntheses(synth, args.runs)
         record["frames_generated"] = frames
         record["rtf"] = summarize(rtfs)
         record["single_stream_rtf"] = record["rtf"]["median"]
@@ -98,11 +92,8 @@ def main() -> int:
         record["ttfa_ms"] = ttfa["chunk_1"]["p50"]
         record["ttfa_note"] = "in process, time to the first yielded chunk (chunk_size 1 and its default 12)"
         record["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
-    except Exception as error:
-        record["error"] = f"{type(error).__name__}: {error}"
-        record["traceback"] = traceback.format_exc()
-    write(args.out, record)
-    return 0 if "error" not in record else 1
+
+    return run(args.out, {"peer": "faster-qwen3-tts", "frames_requested": args.frames}, measure)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,18 @@ max_new_tokens=N it returns N-1 frames (model.md §2.6), so N = frames + 1 is as
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SAMPLES_PER_FRAME, parser, summarize, timed, write
+from common import parser, run, summarize, timed, timed_syntheses
 
 
 def main() -> int:
     args = parser(__doc__ or "").parse_args()
-    record: dict[str, Any] = {"peer": "qwen-tts (official loop)", "frames_requested": args.frames}
-    try:
+
+    def measure(record: dict[str, Any]) -> None:
         from importlib.metadata import version
 
         import torch
@@ -41,25 +40,16 @@ def main() -> int:
 
         torch.cuda.reset_peak_memory_stats()
         synth()
-        rtfs, totals, frames = [], [], 0
-        for _ in range(args.runs):
-            seconds, (wavs, sr) = timed(synth)
-            samples = sum(len(w) for w in wavs)
-            frames = samples // SAMPLES_PER_FRAME
-            rtfs.append(seconds / (samples / sr))
-            totals.append(seconds * 1000)
+        frames, rtfs, seconds = timed_syntheses(synth, args.runs)
         record["frames_generated"] = frames
         record["rtf"] = summarize(rtfs)
         record["single_stream_rtf"] = record["rtf"]["median"]
-        record["ttfa"] = {"whole_utterance": summarize(totals)}
+        record["ttfa"] = {"whole_utterance": summarize([s * 1000 for s in seconds])}
         record["ttfa_ms"] = record["ttfa"]["whole_utterance"]["p50"]
         record["ttfa_note"] = "no streaming API: time to the whole utterance of the timed runs"
         record["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
-    except Exception as error:
-        record["error"] = f"{type(error).__name__}: {error}"
-        record["traceback"] = traceback.format_exc()
-    write(args.out, record)
-    return 0 if "error" not in record else 1
+
+    return run(args.out, {"peer": "qwen-tts (official loop)", "frames_requested": args.frames}, measure)
 
 
 if __name__ == "__main__":

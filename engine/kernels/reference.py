@@ -33,9 +33,6 @@ class QuantizedWeight:
     def shape(self) -> torch.Size:
         return self.data.shape
 
-    def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> Tensor:
-        return (self.data.float() * self.scale.unsqueeze(1)).to(dtype)
-
 
 def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
     """Per-output-channel symmetric quantization of a [out, in] weight to "int8" or "fp8" (e4m3)."""
@@ -127,7 +124,3 @@ def sample(
 ) -> Tensor:
     """The engine's sampler, `sampling.sample_with_uniform`, unchanged."""
     return sampling.sample_with_uniform(logits, uniforms, params, penalized, banned)
-
-
-def talker_bans(frames_generated: Tensor, vocab: int, eos_id: int) -> Tensor:
-    return sampling.talker_banned_tokens(frames_generated, vocab, eos_id)

@@ -4,27 +4,36 @@ Pipeline (model.md §5): split RVQ lookup -> causal pre-conv -> sliding-window t
 latent upsampling stages (transposed conv + ConvNeXt) -> waveform decoder (causal conv, four blocks of
 SnakeBeta + transposed conv + dilated residual units, SnakeBeta, causal conv to one channel) -> clamp.
 
-Every layer is causal, so a decoder that keeps the right left-context reproduces a full decode exactly.
-There is one code path for both uses: `forward(codes, state)` decodes the next frames of a batch of streams
-and updates their `CodecStreamState`; `decode` is that call on a fresh state with all frames at once. The
-state holds, per stream:
+Every layer is causal, so a decoder that keeps the right left-context can decode a stream packet by packet.
+The canonical computation is frame by frame: `forward(codes, state)` decodes the next n frames of a batch
+of streams as n consecutive single-frame steps (`frame`), each updating their `CodecStreamState`, and
+`decode` is a fresh state plus the same steps over all frames. The state holds, per stream:
 
 - the RoPE'd keys and values of the last `sliding_window - 1` frames of each transformer layer (a query
   sees itself plus 71 earlier frames), kept oldest first, with the absolute frame position deciding which
   slots are real (slots before frame 0 are masked);
 - the last `(kernel - 1) * dilation` input samples of every causal conv (zeros at the start, which is
-  exactly the zero padding of the one-shot decode);
+  exactly the zero padding of a whole-utterance decode);
 - for every transposed conv with kernel `k = m * stride`, its last `m - 1` input frames. Together with the
-  new frames they recompute the overlap that the previous call could not finish (the official module trims
+  new frame they recompute the overlap that the previous step could not finish (the official module trims
   the last `k - stride` outputs). Keeping inputs rather than partial output sums means every output sample
-  is computed as in the one-shot decode, bias included, with no overlap-add bookkeeping.
+  is computed from the same values as in a whole decode, bias included, with no overlap-add bookkeeping.
 
-RoPE positions are absolute frame indices (the one-shot decode starts at 0, like the official decoder), so
-a frame gets the same rotation however the frames are packetized.
+RoPE positions are absolute frame indices (the first frame is 0, like the official decoder).
 
-In float64 streamed and one-shot output agree to ~1e-14. In float32 they agree to a few 1e-6 on an O(1)
-waveform, not bit for bit: conv and GEMM kernels round differently for different input lengths. The
-official decoder shows the same noise between decoding a prefix and decoding the whole utterance.
+Guarantee: every frame is computed by the same operations on tensors of the same shapes, from the same
+state, however the frames are grouped into packets. So for a given batch of streams, the concatenated
+packets of any schedule equal `decode` of all frames bit for bit, in every dtype and on every device
+(given deterministic kernels, i.e. the same shapes on the same device round the same way; on CUDA that
+means cuDNN benchmarking off, its default). What is not exact is the batch size: a stream decoded with
+others in one call (B > 1, any positions) equals it decoded alone only to the rounding of the dtype,
+because CPU/GPU GEMM and conv kernels round a row differently for a different B (measured on CPU: 4e-6 in
+float32, 7e-15 in float64; 0 in bfloat16, by luck rather than by design). Against the official decoder,
+which runs the whole utterance through each layer at once, the waveform agrees to float32 rounding (a few
+1e-6 on an O(1) waveform).
+
+Cost: a frame at a time is n small steps instead of one n-long pass; on CPU (one thread) one-shot decode
+of 400 frames takes about as long as streaming them in 1-frame packets (a few ms per frame at test sizes).
 
 Precision: the compute dtype is the dtype of the module's parameters: float32 by default (the engine's
 choice, since one PCM16 step is 3e-5), `module.to(torch.bfloat16)` to run like the official bf16 example.
@@ -191,7 +200,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class SlidingWindowAttention(nn.Module):
-    """Multi-head attention over the current frames plus the cached window; RoPE, no q/k norm, no bias."""
+    """Multi-head attention of one frame over itself plus the cached window; RoPE, no q/k norm, no bias."""
 
     def __init__(self, config: SpeechDecoderConfig, layer_index: int):
         super().__init__()
@@ -205,30 +214,28 @@ class SlidingWindowAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, allowed: Tensor, state: CodecStreamState
+        self, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor, state: CodecStreamState
     ) -> Tensor:
-        """x [B, n, hidden]; cos/sin [B, 1, n, head_dim]; allowed [B, 1, n, window - 1 + n]."""
-        batch, frames, _ = x.shape
-        q = self.q_proj(x).view(batch, frames, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        """x [B, hidden]; cos/sin [B, 1, 1, head_dim]; visible [B, 1, 1, window] (cached keys, then x's)."""
+        batch = x.shape[0]
+        q = self.q_proj(x).view(batch, self.num_heads, 1, self.head_dim)
+        k = self.k_proj(x).view(batch, self.num_kv_heads, 1, self.head_dim)
+        v = self.v_proj(x).view(batch, self.num_kv_heads, 1, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
 
-        cached = state.keys[self.layer_index].shape[2]
         k = torch.cat([state.keys[self.layer_index], k], dim=2)
         v = torch.cat([state.values[self.layer_index], v], dim=2)
-        state.keys[self.layer_index] = k[:, :, k.shape[2] - cached :].clone()
-        state.values[self.layer_index] = v[:, :, v.shape[2] - cached :].clone()
+        state.keys[self.layer_index] = k[:, :, 1:].clone()
+        state.values[self.layer_index] = v[:, :, 1:].clone()
 
         group = self.num_heads // self.num_kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         scores = (q @ k.transpose(2, 3)) * self.head_dim**-0.5
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = scores.masked_fill(~visible, float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=_at_least_fp32(q.dtype)).to(q.dtype)
-        out = (weights @ v).transpose(1, 2).reshape(batch, frames, self.num_heads * self.head_dim)
-        return self.o_proj(out)
+        return self.o_proj((weights @ v).reshape(batch, self.num_heads * self.head_dim))
 
 
 class SwiGLU(nn.Module):
@@ -253,14 +260,14 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(config.hidden_size)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, allowed: Tensor, state: CodecStreamState
+        self, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor, state: CodecStreamState
     ) -> Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, allowed, state))
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, visible, state))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
 class PreTransformer(nn.Module):
-    """latent -> hidden, sliding-window transformer layers, final norm, hidden -> latent; [B, n, C]."""
+    """latent -> hidden, sliding-window transformer layers, final norm, hidden -> latent; one frame [B, C]."""
 
     def __init__(self, config: SpeechDecoderConfig):
         super().__init__()
@@ -273,32 +280,27 @@ class PreTransformer(nn.Module):
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos/sin [B, 1, n, head_dim] for absolute positions [B, n], computed in >= float32, cast."""
+        """cos/sin [B, 1, 1, head_dim] for absolute positions [B], computed in >= float32, cast."""
         wide = _at_least_fp32(dtype)
         exponents = torch.arange(0, self.head_dim, 2, device=positions.device).to(wide)
         inv_freq = 1.0 / (self.rope_theta ** (exponents / self.head_dim))
-        angles = positions.to(wide)[..., None] * inv_freq
-        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        angles = positions.to(wide)[:, None] * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)[:, None, None]
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def attention_mask(self, first_position: Tensor, frames: int) -> Tensor:
-        """[B, 1, n, window - 1 + n]: key j is visible to query i if it is one of the `window` frames
-        ending at i and not before frame 0 (cache slots that were never filled)."""
-        cached = self.window - 1
-        query = torch.arange(frames, device=first_position.device)[:, None]
-        key = torch.arange(cached + frames, device=first_position.device)[None, :] - cached
-        in_window = (key <= query) & (key > query - self.window)
-        real = (first_position[:, None] + key) >= 0
-        return (in_window[None] & real[:, None, :])[:, None]
+    def visible(self, position: Tensor) -> Tensor:
+        """[B, 1, 1, window]: which of the window's frames (the cached ones, then the current one) exist,
+        i.e. are not before frame 0 (cache slots that were never filled)."""
+        offsets = torch.arange(1 - self.window, 1, device=position.device)
+        return ((position[:, None] + offsets) >= 0)[:, None, None]
 
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
-        frames = x.shape[1]
-        positions = state.position[:, None] + torch.arange(frames, device=x.device)
-        cos, sin = self.rope(positions, x.dtype)
-        allowed = self.attention_mask(state.position, frames)
+        """The frame at `state.position`: x [B, latent] -> [B, latent]."""
+        cos, sin = self.rope(state.position, x.dtype)
+        visible = self.visible(state.position)
         x = self.input_proj(x)
         for layer in self.layers:
-            x = layer(x, cos, sin, allowed, state)
+            x = layer(x, cos, sin, visible, state)
         return self.output_proj(self.norm(x))
 
 
@@ -451,16 +453,23 @@ class SpeechDecoder(nn.Module):
     def forward(self, codes: Tensor, state: CodecStreamState, clamp: bool = True) -> Tensor:
         """Decode the next n frames of B streams: codes [B, num_quantizers, n] -> [B, n * hop].
 
-        Updates `state` in place (histories, caches, positions)."""
+        The frames are decoded one at a time (`frame`), so the result does not depend on n. Updates `state`
+        in place (histories, caches, positions)."""
         batch, quantizers, frames = codes.shape
         if quantizers != self.config.num_quantizers:
             raise ValueError(f"expected {self.config.num_quantizers} codebooks, got {quantizers}")
         if frames == 0:
             return torch.zeros(batch, 0, dtype=_at_least_fp32(self.first_codebook.dtype), device=codes.device)
+        wave = torch.cat([self.frame(codes[..., t], state) for t in range(frames)], dim=1)
+        wave = wave.to(_at_least_fp32(wave.dtype))
+        return wave.clamp(-1.0, 1.0) if clamp else wave
 
-        x = self.embed_codes(codes).transpose(1, 2)
-        x = self.pre_conv(x, state).transpose(1, 2)
-        x = self.pre_transformer(x, state).transpose(1, 2)
+    def frame(self, codes: Tensor, state: CodecStreamState) -> Tensor:
+        """One decoder step: the frame at `state.position` of B streams, codes [B, num_quantizers] ->
+        [B, hop] in the compute dtype, unclamped. Advances `state` by one frame."""
+        x = self.embed_codes(codes)[..., None]
+        x = self.pre_conv(x, state)[..., 0]
+        x = self.pre_transformer(x, state)[..., None]
         for stage in self.upsample:
             x = stage(x, state)
 
@@ -468,21 +477,19 @@ class SpeechDecoder(nn.Module):
         x = first_conv(x, state)
         for block in blocks:
             x = block(x, state)
-        wave = final_conv(final_activation(x), state).squeeze(1)
-        wave = wave.to(_at_least_fp32(wave.dtype))
-        state.position = state.position + frames
-        return wave.clamp(-1.0, 1.0) if clamp else wave
+        state.position = state.position + 1
+        return final_conv(final_activation(x), state)[:, 0]
 
     def embed_codes(self, codes: Tensor) -> Tensor:
-        """Split RVQ: codebook 0 and the sum of codebooks 1.. get separate 1x1 projections; [B, n, C]."""
+        """Split RVQ: codebook 0 and the sum of codebooks 1.. get separate 1x1 projections.
+
+        codes [B, num_quantizers] (one frame) -> [B, codebook_dim]."""
         first = F.embedding(codes[:, 0], self.first_codebook)
-        rest = self.rest_codebooks[
-            torch.arange(codes.shape[1] - 1, device=codes.device)[:, None], codes[:, 1:]
-        ]
+        rest = self.rest_codebooks[torch.arange(codes.shape[1] - 1, device=codes.device), codes[:, 1:]]
         return self.first_proj(first) + self.rest_proj(rest.sum(dim=1))
 
     def decode(self, codes: Tensor, clamp: bool = True) -> Tensor:
-        """One-shot (unchunked) decode: codes [B, num_quantizers, T] -> [B, T * hop].
+        """One-shot decode, a fresh state plus `forward`: codes [B, num_quantizers, T] -> [B, T * hop].
 
         Codes must lie in [0, codebook_size): the official -1 batch padding is the caller's to strip."""
         return self(codes, self.new_stream_state(codes.shape[0]), clamp)
@@ -490,7 +497,7 @@ class SpeechDecoder(nn.Module):
     def decode_stream(self, codes: Tensor, state: CodecStreamState, clamp: bool = True) -> Tensor:
         """Decode the next packet of one stream: codes [n, num_quantizers] -> [n * hop].
 
-        Concatenating the packets of any schedule equals `decode` of all frames."""
+        Concatenating the packets of any schedule equals `decode` of all frames bit for bit."""
         return self(codes.T[None], state, clamp)[0]
 
 

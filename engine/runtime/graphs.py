@@ -277,7 +277,7 @@ class FastFrame:
         slots: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        embeds = self.talker.frame_embedding(previous_codes) + text
+        embeds = step.frame_input(self.talker, previous_codes, text)
         hidden = self._talker_hidden(embeds, positions, slots, cache)
         return self.complete_frames(hidden, rows)
 
@@ -431,8 +431,7 @@ class GraphFrameBackend:
         if self.fast is not None:
             hidden = self.fast.prefill_hidden(prompt, slot, cache)
         else:
-            positions = torch.arange(prompt.shape[0], device=prompt.device).unsqueeze(0)
-            hidden = talker(prompt.unsqueeze(0), positions, slot, cache)[:, -1]
+            hidden = step.prefill_hidden(talker, cache, prompt, slot)
         static = self._complete_static(1, rows, hidden)
         static.hidden.copy_(hidden)
         static.load_rows(rows, 1)

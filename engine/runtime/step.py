@@ -65,9 +65,20 @@ def prefill_frame(
     rows: FrameRows,
 ) -> Tensor:
     """Run one session's prompt [L, H] into cache slot `slot` [1] and produce frame 0: codes [1, 16]."""
+    return complete_frames(talker, predictor, prefill_hidden(talker, cache, prompt, slot), rows)
+
+
+def prefill_hidden(talker: Talker, cache: KVCache, prompt: Tensor, slot: Tensor) -> Tensor:
+    """The prompt [L, H] into cache slot `slot` [1] at positions 0..L-1: the last token's post-norm
+    hidden [1, H]."""
     positions = torch.arange(prompt.shape[0], device=prompt.device).unsqueeze(0)
-    hidden = talker(prompt.unsqueeze(0), positions, slot, cache)[:, -1]
-    return complete_frames(talker, predictor, hidden, rows)
+    return talker(prompt.unsqueeze(0), positions, slot, cache)[:, -1]
+
+
+def frame_input(talker: Talker, previous_codes: Tensor, text: Tensor) -> Tensor:
+    """The talker's input embedding [B, H] of a decode step: the previous frame's 16 codes [B, 16] embedded
+    and summed, plus the row's text-stream element [B, H]."""
+    return talker.frame_embedding(previous_codes) + text
 
 
 def decode_frames(
@@ -85,7 +96,7 @@ def decode_frames(
     previous_codes [B, 16] is each row's last frame, text [B, H] its text-stream element for this step,
     positions [B] the talker position of the new token, slots [B] the rows' cache slots.
     """
-    embeds = talker.frame_embedding(previous_codes) + text
+    embeds = frame_input(talker, previous_codes, text)
     hidden = talker(embeds.unsqueeze(1), positions.unsqueeze(1), slots, cache)[:, 0]
     return complete_frames(talker, predictor, hidden, rows)
 

@@ -85,10 +85,6 @@ class Admissions:
     def ready(self) -> bool:
         return self.healthy and not self.shutting_down and self.scheduler.alive
 
-    @property
-    def active_count(self) -> int:
-        return len(self._active)
-
     def get(self, request_id: str) -> Ticket | None:
         return self._active.get(request_id)
 

@@ -55,9 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default="exact,fast",
         help="comma list of exact, fast, fast-fp8, eager (engine without graphs); peers run after the first",
     )
-    parser.add_argument(
-        "--budget-s", type=float, default=0.0, help="skip stages that start after S seconds (0: none)"
-    )
     parser.add_argument("--frames", type=int, default=100, help="frames per single-stream synthesis")
     parser.add_argument("--runs", type=int, default=3, help="timed single-stream syntheses")
     parser.add_argument("--ttfa-runs", type=int, default=20, help="engine-side first-audio measurements")

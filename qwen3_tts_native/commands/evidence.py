@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_REJECTED = 1
-EXIT_USAGE = 2
+from . import EXIT_FAILED, EXIT_OK, usage_error
+
+EXIT_REJECTED = EXIT_FAILED
 EXIT_ABORTED = 3
 
 _EPILOG = "Exit codes: 0 success, 1 evidence rejected, 2 usage error, 3 run aborted (partial records kept)."
@@ -245,14 +245,11 @@ def _run(args: argparse.Namespace) -> int:
         profiles = [Profile.parse(p) for p in dict.fromkeys(specs)]
         workload = load_workload(args.workload)
     except (ValueError, WorkloadError, OSError) as exc:
-        print(f"usage error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error(exc)
     if len({e.id for e in engines}) != len(engines):
-        print("usage error: engine ids must be unique", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("engine ids must be unique")
     if args.out.exists() or args.out.with_name(args.out.name + ".partial").exists():
-        print(f"usage error: {args.out} (or its .partial) already exists", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error(f"{args.out} (or its .partial) already exists")
     options = RunOptions(
         engines=engines,
         profiles=profiles,

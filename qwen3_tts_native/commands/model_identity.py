@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import EXIT_FAILED, EXIT_OK, failed, usage_error
+
 if TYPE_CHECKING:
     from qwen3_tts_native.engine.identity import ModelManifest
 
@@ -71,18 +73,18 @@ def _pin(args: argparse.Namespace) -> int:
     output: Path = args.output
     inside = output.absolute().is_relative_to(snapshot.absolute())
     if inside and output.absolute() != (snapshot / MANIFEST_FILENAME).absolute():
-        return _usage(f"write the manifest to {snapshot / MANIFEST_FILENAME} or outside {snapshot}")
+        return usage_error(f"write the manifest to {snapshot / MANIFEST_FILENAME} or outside {snapshot}")
     try:
         manifest = pin_snapshot(snapshot, args.repository, args.revision, args.license, args.allow_symlinks)
     except SnapshotError as error:
         print(f"pin failed: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     problems = contradictions(manifest)
     if problems:
-        return _failed(f"{snapshot} claims {_identity(manifest)} but is not its pin", problems)
+        return failed(f"{snapshot} claims {_identity(manifest)} but is not its pin", problems)
     write_manifest(manifest, output)
     print(f"pinned {_identity(manifest)}: {_summary(manifest)} -> {output}")
-    return 0
+    return EXIT_OK
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -93,13 +95,13 @@ def _fetch(args: argparse.Namespace) -> int:
     try:
         manifest = load_manifest(args.manifest) if args.manifest else shipped_pin()
     except ManifestError as error:
-        return _usage(str(error))
+        return usage_error(str(error))
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        return _usage(f"{args.out} already exists and is not empty; choose a new --out directory")
+        return usage_error(f"{args.out} already exists and is not empty; choose a new --out directory")
     try:
         result = fetch_snapshot(manifest, args.out, args.revision)
     except FetchError as error:
-        return _failed(str(error), error.problems)
+        return failed(str(error), error.problems)
     if result.pinned:
         print(f"fetched and verified {_identity(manifest)}: {_summary(manifest)} -> {args.out}")
     else:
@@ -107,7 +109,7 @@ def _fetch(args: argparse.Namespace) -> int:
             f"fetched {_identity(result.manifest)} -> {args.out}: NOT verified against a pin (pinned on "
             f"first use in {args.out}/qwen3-tts-manifest.json; review it before trusting it)"
         )
-    return 0
+    return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -122,18 +124,18 @@ def _verify(args: argparse.Namespace) -> int:
         try:
             manifest = load_manifest(args.manifest)
         except ManifestError as error:
-            return _usage(str(error))
+            return usage_error(str(error))
         problems = verify_snapshot(args.snapshot, manifest, args.allow_symlinks)
         source = str(args.manifest)
     else:
         result = verify_snapshot_for_serving(args.snapshot, allow_symlinks=args.allow_symlinks)
         if result.manifest is None:
-            return _failed(f"{args.snapshot}: no usable manifest", list(result.problems))
+            return failed(f"{args.snapshot}: no usable manifest", list(result.problems))
         manifest, problems, source = result.manifest, list(result.problems), result.manifest_source
     if problems:
-        return _failed(f"{args.snapshot} does not match {_identity(manifest)} ({source})", problems)
+        return failed(f"{args.snapshot} does not match {_identity(manifest)} ({source})", problems)
     print(f"verified {args.snapshot}: {_identity(manifest)}, {_summary(manifest)} ({source})")
-    return 0
+    return EXIT_OK
 
 
 def _identity(manifest: ModelManifest) -> str:
@@ -143,15 +145,3 @@ def _identity(manifest: ModelManifest) -> str:
 def _summary(manifest: ModelManifest) -> str:
     total = sum(entry.bytes for entry in manifest.files)
     return f"{len(manifest.files)} files, {total} bytes"
-
-
-def _failed(headline: str, problems: list[str]) -> int:
-    print(f"FAILED: {headline}", file=sys.stderr)
-    for problem in problems:
-        print(f"  {problem}", file=sys.stderr)
-    return 1
-
-
-def _usage(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2

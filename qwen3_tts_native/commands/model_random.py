@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import usage_error
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -46,11 +48,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     out: Path = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        print(f"error: {out} exists and is not empty; choose a new or empty directory", file=sys.stderr)
-        return 2
+        return usage_error(f"{out} exists and is not empty; choose a new or empty directory")
     if not 0 <= args.seed < 2**63:
-        print(f"error: --seed must be in 0 .. 2**63-1, got {args.seed}", file=sys.stderr)
-        return 2
+        return usage_error(f"--seed must be in 0 .. 2**63-1, got {args.seed}")
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"writing {args.preset} snapshot", total=planned_bytes(args.preset))

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import EXIT_FAILED, EXIT_OK, usage_error
+
 if TYPE_CHECKING:
     from ..release.gate import GatePolicy
     from ..release.registry import ImageReference
@@ -23,7 +25,6 @@ _HYGIENE = f"{__package__}.release_hygiene"
 release_hygiene = importlib.import_module(_HYGIENE) if importlib.util.find_spec(_HYGIENE) else None
 
 DEFAULT_PLATFORMS = ("linux/amd64", "linux/arm64")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 _EXIT_CODES = """exit codes:
   0  passed
@@ -104,7 +105,7 @@ def _build(args: argparse.Namespace) -> int:
         build_args = dict(_key_value("--build-arg", item) for item in args.build_arg)
         contexts = dict(_key_value("--build-context", item) for item in args.build_context)
     except (RegistryError, OciError, ValueError) as exc:
-        return _usage(exc)
+        return usage_error(exc)
     request = BuildRequest(image, args.context, args.file, platforms, build_args, contexts)
     try:
         result = build(request, RegistryClient(image.registry), args.builder)
@@ -170,7 +171,7 @@ def _sign(args: argparse.Namespace) -> int:
             raise ValueError("--key and --trust-config exclude each other (key-pair mode uses no Sigstore)")
         trust = None if key is not None else load_trust_config(args.trust_config)
     except (RegistryError, ManifestError, KeyPairError, TrustConfigError, ValueError, OSError) as exc:
-        return _usage(exc)
+        return usage_error(exc)
     if model is None:
         print(
             "release sign: no --model-manifest; the deploy gate requires a model attestation", file=sys.stderr
@@ -341,7 +342,7 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         image, policy = _gate_inputs(args)
     except _UsageError as exc:
-        return _usage(exc)
+        return usage_error(exc)
     result = run_gate(RegistryClient(image.registry), image, policy)
     write_result(result, str(args.output))
     print(summarize(result))
@@ -358,7 +359,7 @@ def _promote(args: argparse.Namespace) -> int:
         image, policy = _gate_inputs(args)
         check_version(args.version)
     except (_UsageError, PromotionError) as exc:
-        return _usage(exc)
+        return usage_error(exc)
     try:
         promotion = promote(RegistryClient(image.registry), image, args.version, policy)
     except PromotionError as exc:
@@ -398,8 +399,3 @@ def _emit(document: Any, path: Path | None) -> None:
     print(json.dumps(document, indent=2, sort_keys=True))
     if path is not None:
         _write_json(document, path)
-
-
-def _usage(exc: BaseException) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return EXIT_USAGE

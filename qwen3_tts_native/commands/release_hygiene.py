@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from qwen3_tts_native.commands import failed, usage_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,17 +61,14 @@ def _sbom(args: argparse.Namespace) -> int:
     try:
         model = load_manifest(args.model_manifest)
     except ManifestError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(error)
     distributions = installed_distributions(args.path)
     if not distributions:
-        print(f"error: no Python distributions found on {args.path or 'sys.path'}", file=sys.stderr)
-        return 2
+        return usage_error(f"no Python distributions found on {args.path or 'sys.path'}")
     try:
         document = build_sbom(distributions, model)
     except SbomError as error:
-        print(f"FAILED: {error}", file=sys.stderr)
-        return 1
+        return failed(str(error), [])
     args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     identity = f"{model.repository}@{model.revision}"
     print(f"wrote {args.output}: {len(distributions)} Python distributions and {identity}")
@@ -96,16 +94,14 @@ def _licenses(args: argparse.Namespace) -> int:
             items = items_from_distributions(requirement_closure(installed_distributions()))
             scope = "qwen3-tts-native and its run-time requirements"
     except (HygieneError, SbomError, OSError, json.JSONDecodeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(error)
     problems = license_violations(items, policy)
     if problems:
-        print(f"FAILED: {len(problems)} of {len(items)} in {scope} are not allowed:", file=sys.stderr)
-        for problem in problems:
-            print(f"  {problem}", file=sys.stderr)
-        print("allow the licence in release/license-policy.json, or add a dated waiver with a reason",
-              file=sys.stderr)
-        return 1
+        return failed(
+            f"{len(problems)} of {len(items)} in {scope} are not allowed:",
+            problems,
+            "allow the licence in release/license-policy.json, or add a dated waiver with a reason",
+        )
     print(f"licences allowed: {len(items)} in {scope}")
     return 0
 
@@ -116,18 +112,17 @@ def _secrets(args: argparse.Namespace) -> int:
     try:
         scan = scan_git_history(args.repo)
     except HygieneError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(error)
     summary = (
         f"{scan.commits} commits, {scan.blobs_scanned} blobs scanned, "
         f"{scan.blobs_skipped} binary or large blobs skipped"
     )
     if scan.findings:
-        print(f"FAILED: {len(scan.findings)} possible secrets in the history ({summary}):", file=sys.stderr)
-        for finding in scan.findings:
-            print(f"  {finding}", file=sys.stderr)
-        print("rotate each credential, then remove it from history; mark a false positive on its line with "
-              "`pragma: allowlist secret`", file=sys.stderr)
-        return 1
+        return failed(
+            f"{len(scan.findings)} possible secrets in the history ({summary}):",
+            scan.findings,
+            "rotate each credential, then remove it from history; mark a false positive on its line with "
+            "`pragma: allowlist secret`",
+        )
     print(f"no secrets found: {summary}")
     return 0

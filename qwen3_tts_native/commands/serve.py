@@ -7,8 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-EXIT_USAGE = 2
-"""A bad setting, or a --model that fails its identity check (without --allow-unverified-model)."""
+from . import EXIT_USAGE
 
 _FLAGS: tuple[tuple[str, type, str, str], ...] = (
     (

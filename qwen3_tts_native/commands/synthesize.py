@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from . import EXIT_FAILED, EXIT_USAGE
+
 if TYPE_CHECKING:
     import torch
     from rich.console import Console
@@ -17,8 +19,6 @@ if TYPE_CHECKING:
     from ..engine.runtime.request import SynthesisRequest
 
 DEMO_DEFAULT_MAX_FRAMES = 40  # 3.2 s: the random demo model rarely emits EOS, so keep its noise short
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
 
 
 class _UserError(Exception):
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except OSError as error:
         _error(error)
-        return EXIT_FAILURE
+        return EXIT_FAILED
 
 
 def _error(error: Exception) -> None:

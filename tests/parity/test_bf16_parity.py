@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_official_model
 from test_talker_parity import REQUESTS, ROLE, TEXT_END, Plan, plans
 from torch import Tensor, nn
 
@@ -208,10 +207,11 @@ def test_bf16_matches_official_backend(
     tiny_voice_design_config: VoiceDesignConfig,
     tiny_tensors: dict[str, Tensor],
     tiny_bf16: dict[str, Tensor],
+    official_model_builder: Callable[..., Any],
 ) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    official = build_official_model(tiny_tensors, attention, torch.bfloat16)
+    official = official_model_builder(tiny_tensors, attention, torch.bfloat16)
     assert official.talker.model.rotary_emb.inv_freq.dtype == torch.float32  # as from_pretrained leaves it
     config = tiny_voice_design_config
     talker = Talker.from_tensors(config, tiny_bf16, attention=attention)

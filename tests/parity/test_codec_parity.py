@@ -1,7 +1,9 @@
 """SpeechDecoder against the official qwen-tts decoder on the same random weights (fp32, before the clamp).
 
-The official decoder is run whole (its forward, not `chunked_decode`), which is what `decode` reproduces;
-for 300 frames or fewer the official `chunked_decode` is the same computation.
+The official decoder is run whole (its forward, not `chunked_decode`); for 300 frames or fewer the official
+`chunked_decode` is the same computation. Ours computes frame by frame (codec.py), so it reproduces the
+whole decode to float32 rounding, not bit for bit: the largest difference measured here is 6.4e-6 (the
+8-layer, 400-frame test; 4.2e-6 at 320 tiny frames). Streamed and one-shot are bit-identical to each other.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def test_clamped_output_matches_official(tiny_pair) -> None:
 
 def test_gqa_eight_layers_long_stream_matches_official(tiny_voice_design_config: VoiceDesignConfig) -> None:
     """Full depth (8 layers: the attention field is 8 x 71 frames), grouped KV heads, 400 frames (> 300,
-    where the official `chunked_decode` starts to differ): one-shot and streamed both match the whole
-    official decode."""
+    where the official `chunked_decode` starts to differ): one-shot matches the whole official decode, and
+    streamed in the engine's packets (1 then 4s) equals one-shot bit for bit."""
     config = dataclasses.replace(
         tiny_voice_design_config.speech_decoder,
         codebook_dim=32,
@@ -79,11 +81,12 @@ def test_gqa_eight_layers_long_stream_matches_official(tiny_voice_design_config:
     official, ours = official_decoder(config, tensors), SpeechDecoder.from_tensors(config, tensors)
     codes = _codes(1, 400, seed=5)
     expected = official_waveform(official, codes)[0]
-    assert (ours.decode(codes, clamp=False)[0] - expected).abs().max().item() <= TOLERANCE
+    one_shot = ours.decode(codes, clamp=False)[0]
+    assert (one_shot - expected).abs().max().item() <= TOLERANCE
 
     state = ours.new_stream_state()
     packets, start = [], 0
     for size in [1] + [4] * 99 + [3]:
         packets.append(ours.decode_stream(codes[0, :, start : start + size].T, state, clamp=False))
         start += size
-    assert (torch.cat(packets) - expected).abs().max().item() <= TOLERANCE
+    assert torch.equal(torch.cat(packets), one_shot)

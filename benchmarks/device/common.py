@@ -1,0 +1,50 @@
+"""Shared by the device acceptance scripts: SIGTERM handling, package versions, command output, snapshots.
+
+The scripts run standalone (``python benchmarks/device/X.py``, so this folder is on ``sys.path``), and
+foundation_parity.py also runs as its own reference worker under the official package's PYTHONPATH, so this
+file imports only the standard library (the project only inside `ensure_snapshot`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Terminated(BaseException):
+    """SIGTERM (e.g. from `timeout`): stop measuring, stop the children, write what was measured."""
+
+
+def terminate(signum: int, frame: object) -> None:
+    """The SIGTERM handler: `signal.signal(signal.SIGTERM, terminate)`."""
+    raise Terminated(f"signal {signum}")
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def command_output(command: list[str]) -> str | None:
+    """First line of a command's output (run in the repository), or None if it fails."""
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if lines else None
+
+
+def ensure_snapshot(model: Path, preset: str, seed: int) -> bool:
+    """Write a random snapshot of `preset`/`seed` into `model` unless one is there; True if written."""
+    if (model / "config.json").is_file():
+        return False
+    from qwen3_tts_native.engine.checkpoint import write_random_snapshot
+
+    write_random_snapshot(model, "full" if preset == "full" else "tiny", seed)
+    return True
