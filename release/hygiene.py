@@ -271,7 +271,8 @@ def _detectors() -> Iterator[None]:
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
     from detect_secrets.settings import transient_settings
 
-    detectors: list[str] = sorted(kind.__name__ for kind in get_mapping_from_secret_type_to_class().values())
+    plugin_classes: list[type] = list(get_mapping_from_secret_type_to_class().values())
+    detectors = sorted(plugin.__name__ for plugin in plugin_classes)
     plugins = [{"name": name} for name in detectors if name not in _OFF_DETECTORS]
     with transient_settings({"plugins_used": plugins}):
         yield
