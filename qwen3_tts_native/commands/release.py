@@ -7,22 +7,16 @@ configuration error (bad arguments, unreadable key/trust/pin files).
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import EXIT_FAILED, EXIT_OK, usage_error
+from . import EXIT_FAILED, EXIT_OK, release_hygiene, usage_error
 
 if TYPE_CHECKING:
     from ..release.gate import GatePolicy
     from ..release.registry import ImageReference
-
-# The hygiene commands (sbom, licenses, secrets) live in their own module, which may not exist yet.
-_HYGIENE = f"{__package__}.release_hygiene"
-release_hygiene = importlib.import_module(_HYGIENE) if importlib.util.find_spec(_HYGIENE) else None
 
 DEFAULT_PLATFORMS = ("linux/amd64", "linux/arm64")
 
@@ -56,8 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     _register_sign(commands)
     _register_verify(commands)
     _register_promote(commands)
-    if release_hygiene is not None:
-        release_hygiene.register(commands)
+    release_hygiene.register(commands)
 
 
 # --- build ------------------------------------------------------------------------------------------
