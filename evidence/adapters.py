@@ -6,8 +6,9 @@ The client measures every implementation the same way; only these adapters know 
   says ``stream: false``), with every contract invariant checked (seed contract §1.5).
 - ``openai``: an OpenAI-style ``POST /v1/audio/speech`` (raw PCM stream, SSE deltas or a WAV body), the
   API most peers expose. The plain API carries no seed, language, duration cap or sampling controls;
-  where a server accepts them, ``fields`` forwards those workload fields verbatim, and only a request
-  that carries both seed and sampling can qualify for sampling parity.
+  where a server accepts them as extensions (ours does, with the native endpoint's rules), ``fields``
+  forwards those workload fields verbatim where the row has them, and only a request that carries both
+  seed and sampling can qualify for sampling parity.
 - ``wav``: a buffered-WAV server taking our JSON body (``stream: false``, ``output_format: wav``), e.g. the
   official generation loop behind a thin HTTP wrapper.
 

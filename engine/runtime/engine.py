@@ -144,9 +144,36 @@ class VoiceDesignEngine:
         if not self._free_slots:
             raise EngineError(f"all {self.max_sessions} session slots are in use")
         ts, ps = request.talker_sampling, request.predictor_sampling
+        tc = self.config.talker
+        # Everything that can fail is built before the slot is taken, so a failed open never loses a slot.
+        # A top_k above the vocabulary keeps every token (HF clamps it too); clamping keeps it in int64.
+        talker_sampling = SamplingRows.single(
+            greedy=ts.greedy,
+            temperature=ts.temperature,
+            top_k=min(ts.top_k, tc.vocab_size),
+            top_p=ts.top_p,
+            repetition_penalty=ts.repetition_penalty,
+            device=self.device,
+        )
+        predictor_sampling = SamplingRows.single(
+            greedy=ps.greedy,
+            temperature=ps.temperature,
+            top_k=min(ps.top_k, tc.code_predictor.vocab_size),
+            top_p=ps.top_p,
+            device=self.device,
+        )
+        cb0_history = torch.zeros(tc.vocab_size, dtype=torch.bool, device=self.device)
+        generator = torch.Generator().manual_seed(request.seed)
+        codec_state: CodecStreamState | None = None
+        if self.decoder is not None and self.codec_backend is None:
+            codec_state = self.decoder.new_stream_state()
         slot = self._free_slots.pop(0)
-        if self.codec_backend is not None:
-            self.codec_backend.reset(slot)
+        try:
+            if self.codec_backend is not None:
+                self.codec_backend.reset(slot)
+        except BaseException:
+            self._free_slots.insert(0, slot)
+            raise
         return Session(
             request=request,
             plan=plan,
@@ -155,27 +182,12 @@ class VoiceDesignEngine:
             prompt_length=prompt.shape[0],
             trailing_text=trailing,
             tts_pad=tts_pad,
-            talker_sampling=SamplingRows.single(
-                greedy=ts.greedy,
-                temperature=ts.temperature,
-                top_k=ts.top_k,
-                top_p=ts.top_p,
-                repetition_penalty=ts.repetition_penalty,
-                device=self.device,
-            ),
-            predictor_sampling=SamplingRows.single(
-                greedy=ps.greedy,
-                temperature=ps.temperature,
-                top_k=ps.top_k,
-                top_p=ps.top_p,
-                device=self.device,
-            ),
-            cb0_history=torch.zeros(self.config.talker.vocab_size, dtype=torch.bool, device=self.device),
-            generator=torch.Generator().manual_seed(request.seed),
+            talker_sampling=talker_sampling,
+            predictor_sampling=predictor_sampling,
+            cb0_history=cb0_history,
+            generator=generator,
             device=self.device,
-            codec_state=None
-            if self.decoder is None or self.codec_backend is not None
-            else self.decoder.new_stream_state(),
+            codec_state=codec_state,
         )
 
     @torch.no_grad()

@@ -11,6 +11,10 @@ import torch
 from ..errors import InvalidRequestError
 
 MAX_SEED = 2**53 - 1
+SAMPLING_SCALE_RANGE = (1e-6, 1e6)
+"""Temperatures and the repetition penalty divide (or multiply) float32 logits: outside this range a score
+can overflow to +-inf (1e-50 even rounds to 0, 1e300 to inf), the draw's weights turn NaN and the talker
+emits a suppressed control id as cb0. Inside it every |logit| < 1e26 stays finite."""
 FinishReason = Literal["stop", "length"]
 TextMode = Literal["non_streaming", "streaming"]
 
@@ -64,9 +68,17 @@ class AudioPacket:
     finish_reason: FinishReason | None
 
 
+def _in_scale_range(value: float) -> bool:
+    low, high = SAMPLING_SCALE_RANGE
+    return math.isfinite(value) and low <= value <= high
+
+
 def _check_sampling(where: str, greedy: bool, temperature: float, top_k: int, top_p: float) -> None:
-    if not greedy and not (math.isfinite(temperature) and temperature > 0):
-        raise InvalidRequestError(f"{where}.temperature must be > 0 when sampling, got {temperature}")
+    if not greedy and not _in_scale_range(temperature):
+        low, high = SAMPLING_SCALE_RANGE
+        raise InvalidRequestError(
+            f"{where}.temperature must be in {low:g}..{high:g} when sampling, got {temperature}"
+        )
     if top_k < 0:
         raise InvalidRequestError(f"{where}.top_k must be >= 0 (0 = off), got {top_k}")
     if not (0.0 < top_p <= 1.0):
@@ -86,7 +98,8 @@ def validate_request(request: SynthesisRequest) -> None:
     ts, ps = request.talker_sampling, request.predictor_sampling
     _check_sampling("talker_sampling", ts.greedy, ts.temperature, ts.top_k, ts.top_p)
     _check_sampling("predictor_sampling", ps.greedy, ps.temperature, ps.top_k, ps.top_p)
-    if not (math.isfinite(ts.repetition_penalty) and ts.repetition_penalty > 0):
+    if not _in_scale_range(ts.repetition_penalty):
+        low, high = SAMPLING_SCALE_RANGE
         raise InvalidRequestError(
-            f"talker_sampling.repetition_penalty must be > 0, got {ts.repetition_penalty}"
+            f"talker_sampling.repetition_penalty must be in {low:g}..{high:g}, got {ts.repetition_penalty}"
         )

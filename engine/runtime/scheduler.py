@@ -13,10 +13,16 @@ Consumers (the HTTP layer, other threads) talk to the worker only through a ``Re
 never blocks, ``cancel`` is idempotent, and a ``notify`` callback tells them when to poll again. Slots are
 freed by the worker alone, and a request's terminal event is queued only after its session is released,
 so "terminal event seen" means "slot free".
+
+An engine error fails only the requests it touched (``internal_error``), except a device fault (CUDA error,
+out of memory: the seed's Model/Allocation/Cuda statuses), after which the engine cannot be trusted: the
+worker then stops, every request it holds ends with ``backend_unavailable``, and ``submit`` raises
+``SchedulerClosed`` from then on. A worker that dies of anything else ends the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,6 +34,8 @@ import torch
 
 from ..errors import InvalidRequestError
 from .request import AudioPacket, FinishReason, FrameResult, SynthesisRequest
+
+logger = logging.getLogger("qwen3_tts.engine")
 
 
 class FrameEngine(Protocol):
@@ -50,6 +58,16 @@ class SchedulerFull(Exception):
 
 class SchedulerClosed(Exception):
     """The worker has stopped (shutdown or a fatal error); no request can start."""
+
+
+def is_backend_failure(error: BaseException) -> bool:
+    """A device fault the engine cannot recover from: out of memory, or a CUDA/accelerator error."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    return (
+        isinstance(error, torch.OutOfMemoryError)
+        or (accelerator_error is not None and isinstance(error, accelerator_error))
+        or (isinstance(error, RuntimeError) and "CUDA error" in str(error))
+    )
 
 
 @dataclass
@@ -175,6 +193,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._incoming: list[RequestHandle] = []
+        self._admitting: list[RequestHandle] = []  # taken from _incoming, not yet started (worker only)
         self._active: list[_Job] = []
         self._used = 0
         self._closing = False
@@ -214,19 +233,25 @@ class Scheduler:
     # -- worker -----------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failure = Failed("backend_unavailable", "the engine worker failed")
         try:
             while True:
                 admitted = self._wait_for_work()
                 if admitted is None:
+                    failure = Failed("server_shutting_down", "the server is shutting down")
                     break
                 self._retire_cancelled()
-                for handle in admitted:
-                    self._admit(handle)
+                self._admitting = admitted
+                while self._admitting:
+                    self._admit(self._admitting.pop(0))
                 ready = self._ready_jobs()
                 if ready:
                     self._step(ready)
+        except Exception as error:
+            logger.exception("the engine worker failed; no request can run until a restart")
+            failure = Failed("backend_unavailable", f"the engine failed: {type(error).__name__}")
         finally:
-            self._fail_all("server_shutting_down", "the server is shutting down")
+            self._fail_all(failure.code, failure.detail)
 
     def _has_room(self, job: _Job) -> bool:
         return len(job.handle._outbox) < self.queue_packets
@@ -269,6 +294,13 @@ class Scheduler:
             self._finish(handle, session, Failed("invalid_request", str(error)))
             return
         except Exception as error:
+            if is_backend_failure(error):
+                self._finish(
+                    handle,
+                    session,
+                    Failed("backend_unavailable", f"the engine failed: {type(error).__name__}"),
+                )
+                raise
             self._finish(
                 handle, session, Failed("internal_error", f"engine start failed: {type(error).__name__}")
             )
@@ -287,6 +319,8 @@ class Scheduler:
             if len(results) != len(jobs):
                 raise RuntimeError(f"step returned {len(results)} results for {len(jobs)} sessions")
         except Exception as error:
+            if is_backend_failure(error):
+                raise  # _run ends every request, these included
             for job in jobs:
                 self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
             return
@@ -318,6 +352,8 @@ class Scheduler:
         try:
             packets = self._decode([job for job, _ in due])
         except Exception as error:
+            if is_backend_failure(error):
+                raise
             failure = Failed("internal_error", f"codec decode failed: {type(error).__name__}")
             for job, _ in due:
                 self._retire(job, failure)
@@ -390,7 +426,8 @@ class Scheduler:
             try:
                 self.engine.release(session)
             except Exception as error:
-                outcome = Failed("internal_error", f"engine release failed: {type(error).__name__}")
+                if not isinstance(outcome, Failed):  # a request that already failed keeps its reason
+                    outcome = Failed("internal_error", f"engine release failed: {type(error).__name__}")
         with self._lock:
             if handle._cancel is not None:
                 outcome = handle._cancel
@@ -408,7 +445,8 @@ class Scheduler:
         failure = Failed(code, detail)
         with self._lock:
             self._closed = True
-            leftovers, self._incoming = self._incoming, []
+            leftovers, self._incoming = self._admitting + self._incoming, []
+            self._admitting = []
         for job in list(self._active):
             self._retire(job, failure)
         for handle in leftovers:

@@ -24,16 +24,32 @@ Outcome = Literal["completed", "failed", "cancelled"]
 CANCEL_CODES = frozenset({"request_cancelled", "client_disconnected", "slow_client", "server_shutting_down"})
 
 
-class Ticket:
-    """One admitted request: its id, its scheduler handle and an awaitable view of its events."""
+class RetirementTimeout(Exception):
+    """The engine did not free the request's slot within the retirement timeout."""
 
-    def __init__(self, request_id: str, streaming: bool, loop: asyncio.AbstractEventLoop) -> None:
+
+class Ticket:
+    """One admitted request: its id, its scheduler handle and an awaitable view of its events.
+
+    Once the request has been cancelled or has delivered its final packet, its slot must be freed within
+    ``retirement_timeout_s``: from then on ``next_event`` raises ``RetirementTimeout`` past that deadline.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        streaming: bool,
+        loop: asyncio.AbstractEventLoop,
+        retirement_timeout_s: float = 25.0,
+    ) -> None:
         self.request_id = request_id
         self.streaming = streaming
         self.handle: RequestHandle | None = None
         self.tombstone = False
         self._loop = loop
         self._ready = asyncio.Event()
+        self._retirement_timeout_s = retirement_timeout_s
+        self._retire_by: float | None = None
 
     def notify(self) -> None:
         """Called by the engine worker thread."""
@@ -47,11 +63,29 @@ class Ticket:
             event = self.handle.poll()
             if event is not None:
                 return event
-            await self._ready.wait()
+            if self._retire_by is None:
+                await self._ready.wait()
+                continue
+            remaining = self._retire_by - self._loop.time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(self._ready.wait(), remaining)
+            except TimeoutError:
+                raise RetirementTimeout(
+                    f"the engine did not release the request within {self._retirement_timeout_s:g} s"
+                ) from None
 
     def cancel(self, code: str, detail: str) -> None:
         if self.handle is not None:
             self.handle.cancel(code, detail)
+            self.expect_retirement()
+
+    def expect_retirement(self) -> None:
+        """Start the retirement clock (once): the request was cancelled or delivered its final packet."""
+        if self._retire_by is None:
+            self._retire_by = self._loop.time() + self._retirement_timeout_s
+            self._ready.set()  # a waiter re-polls and starts waiting against the deadline
 
     async def wait_retired(self, timeout: float) -> bool:
         """Consume events until the terminal one (queued only once the slot is free); False on timeout."""
@@ -59,7 +93,7 @@ class Ticket:
             async with asyncio.timeout(timeout):
                 while not self.retired:
                     await self.next_event()
-        except TimeoutError:
+        except (TimeoutError, RetirementTimeout):
             return False
         return True
 
@@ -96,7 +130,7 @@ class Admissions:
         if len(self._active) >= self.settings.max_concurrent_requests:
             self.metrics.add("rejected_requests_total")
             raise Problem("capacity_exhausted", "all synthesis slots are busy; retry shortly", request_id)
-        ticket = Ticket(request_id, streaming, asyncio.get_running_loop())
+        ticket = Ticket(request_id, streaming, asyncio.get_running_loop(), self.settings.retirement_timeout_s)
         try:
             ticket.handle = self.scheduler.submit(request, ticket.notify)
         except SchedulerFull:

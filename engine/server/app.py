@@ -57,7 +57,12 @@ async def warm_up(scheduler: Scheduler, settings: ServerSettings) -> None:
         seed=0,
         max_frames=math.ceil(settings.default_duration_seconds * FRAMES_PER_SECOND),
     )
-    ticket = Ticket(str(uuid7()), streaming=True, loop=asyncio.get_running_loop())
+    ticket = Ticket(
+        str(uuid7()),
+        streaming=True,
+        loop=asyncio.get_running_loop(),
+        retirement_timeout_s=settings.retirement_timeout_s,
+    )
     ticket.handle = scheduler.submit(request, ticket.notify)
     packets = 0
     try:

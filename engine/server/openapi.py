@@ -90,6 +90,33 @@ _SPEECH_ERRORS = (
 )
 
 
+def _synthesis_controls(settings: ServerSettings) -> dict[str, Schema]:
+    """The optional controls both speech endpoints accept, with one meaning (and one validator) each."""
+    return {
+        "language": {
+            "type": "string",
+            "default": "auto",
+            "description": "Case-insensitive, one of: " + ", ".join(LANGUAGES),
+        },
+        "seed": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_SEED,
+            "description": "Random (53 bits) when omitted; echoed in X-Qwen3-Seed.",
+        },
+        "max_duration_seconds": {
+            "type": "number",
+            "minimum": 0.08,
+            "maximum": settings.max_duration_seconds,
+            "default": settings.default_duration_seconds,
+        },
+        "sampling": _ref("Sampling"),
+    }
+
+
+_CONTROL_ERRORS = ("unsupported_language", "invalid_max_duration", "invalid_seed", "invalid_sampling")
+
+
 def _schemas(settings: ServerSettings) -> dict[str, Schema]:
     unit = {"type": "number", "minimum": 0.01, "maximum": 2.0}
     top_p = {"type": "number", "exclusiveMinimum": 0, "maximum": 1.0}
@@ -155,24 +182,7 @@ def _schemas(settings: ServerSettings) -> dict[str, Schema]:
                     "maxLength": settings.max_voice_description_bytes,
                     "description": f"Non-blank, <= {settings.max_voice_description_bytes} UTF-8 bytes.",
                 },
-                "language": {
-                    "type": "string",
-                    "default": "auto",
-                    "description": "Case-insensitive, one of: " + ", ".join(LANGUAGES),
-                },
-                "seed": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": MAX_SEED,
-                    "description": "Random (53 bits) when omitted; echoed in X-Qwen3-Seed.",
-                },
-                "max_duration_seconds": {
-                    "type": "number",
-                    "minimum": 0.08,
-                    "maximum": settings.max_duration_seconds,
-                    "default": settings.default_duration_seconds,
-                },
-                "sampling": _ref("Sampling"),
+                **_synthesis_controls(settings),
                 "stream": {"type": "boolean"},
                 "output_format": {"type": "string", "enum": ["pcm_s16le", "wav"]},
             },
@@ -198,8 +208,12 @@ def _schemas(settings: ServerSettings) -> dict[str, Schema]:
                 "response_format": {"type": "string", "enum": ["wav", "pcm"], "default": "wav"},
                 "stream_format": {"type": "string", "enum": ["audio", "sse"], "default": "audio"},
                 "speed": {"type": "number", "const": 1.0},
+                **_synthesis_controls(settings),
             },
             ("model", "input"),
+            "The OpenAI fields plus optional extensions (the SDK's extra_body) language, seed, "
+            "max_duration_seconds and sampling, with the same rules and error codes as on "
+            "/v1/voice-design/speech.",
         ),
         "EndMetrics": _object(
             {
@@ -286,7 +300,8 @@ _STREAM_DESCRIPTION = (
 )
 _OPENAI_DESCRIPTION = (
     "OpenAI-compatible speech: wav (buffered), pcm (s16le 24 kHz mono, streamed as produced) or SSE "
-    "speech.audio.delta events."
+    "speech.audio.delta events. Optional extensions pin the voice and the request as on "
+    "/v1/voice-design/speech: seed, language, max_duration_seconds and sampling."
 )
 
 _SUCCESS_HEADERS: Schema = {
@@ -368,13 +383,7 @@ def openapi_document(settings: ServerSettings) -> Schema:
                                 "audio/wav": {"schema": binary},
                             },
                         },
-                        **_errors(
-                            *_SPEECH_ERRORS,
-                            "unsupported_language",
-                            "invalid_max_duration",
-                            "invalid_seed",
-                            "invalid_sampling",
-                        ),
+                        **_errors(*_SPEECH_ERRORS, *_CONTROL_ERRORS),
                     },
                 }
             },
@@ -397,7 +406,9 @@ def openapi_document(settings: ServerSettings) -> Schema:
                                 "text/event-stream": {"schema": _ref("SpeechEvent")},
                             },
                         },
-                        **_errors(*_SPEECH_ERRORS, "unsupported_model", "unsupported_speed"),
+                        **_errors(
+                            *_SPEECH_ERRORS, *_CONTROL_ERRORS, "unsupported_model", "unsupported_speed"
+                        ),
                     },
                 }
             },

@@ -46,7 +46,8 @@ class VoiceDesignSpeechBody(_Strict):
 
 
 class OpenAISpeechBody(_Strict):
-    """``POST /v1/audio/speech``: the fields the official OpenAI SDK sends."""
+    """``POST /v1/audio/speech``: the fields the official OpenAI SDK sends, plus optional extensions
+    (``extra_body`` in the SDK) that mean exactly what they mean on the native endpoint."""
 
     model: str
     input: str
@@ -55,3 +56,7 @@ class OpenAISpeechBody(_Strict):
     response_format: str | None = None
     stream_format: str | None = None
     speed: float | None = None
+    language: str | None = None
+    seed: int | None = None
+    max_duration_seconds: float | None = None
+    sampling: SamplingBody | None = None

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from ..config import SAMPLE_RATE_HZ, SAMPLES_PER_FRAME
 from ..runtime.request import AudioPacket
 from ..runtime.scheduler import Failed, Finished
-from .admission import CANCEL_CODES, Admissions, Outcome, Ticket
+from .admission import CANCEL_CODES, Admissions, Outcome, RetirementTimeout, Ticket
 from .problems import STATUS_BY_CODE, Problem
 from .wire import ProgressiveFormat, wav_bytes
 
@@ -121,21 +121,31 @@ class SpeechResponse(Response):
         raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
 
+    async def _next_event(self) -> AudioPacket | Finished | Failed:
+        """The ticket's next event; a slot not freed in time ends the request as ``native_retirement_timeout``
+        (``Admissions.finish`` then tombstones it)."""
+        try:
+            return await self.ticket.next_event()
+        except RetirementTimeout as error:
+            return Failed("native_retirement_timeout", str(error))
+
     async def _next_packet(self) -> AudioPacket | Finished | Failed:
         """The next event; a packet that breaks the stream's continuity cancels the request instead."""
-        event = await self.ticket.next_event()
+        event = await self._next_event()
         if isinstance(event, AudioPacket):
             problem = self.sequence.check(event)
             if problem is not None:
                 self.ticket.cancel("internal_error", problem)
                 return await self._next_terminal()
+            if event.is_final:
+                self.ticket.expect_retirement()
         elif isinstance(event, Finished) and not self.sequence.final_seen:
             return Failed("internal_error", "the stream ended without a final packet")
         return event
 
     async def _next_terminal(self) -> Finished | Failed:
         while True:
-            event = await self.ticket.next_event()
+            event = await self._next_event()
             if not isinstance(event, AudioPacket):
                 return event
 

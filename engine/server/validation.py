@@ -1,6 +1,9 @@
 """Value rules for a parsed body, in the contract's order, so a caller always sees the same error first.
 
 Order for the canonical endpoint: text, voice description, language, duration, seed, output mode, sampling.
+The OpenAI endpoint: model, input, voice description, then its optional extensions language, duration and
+seed, then response format and speed, then sampling; each extension goes through the same validator as on
+the canonical endpoint, so it has the same rules and error code.
 The result is an engine ``SynthesisRequest`` plus the chosen output mode; nothing here touches the engine.
 """
 
@@ -196,6 +199,9 @@ def openai_job(body: OpenAISpeechBody, settings: ServerSettings) -> SpeechJob:
         "invalid_voice_description",
         "voice description",
     )
+    language = _language(body.language)
+    max_frames = _max_frames(body.max_duration_seconds, settings)
+    seed = _seed(body.seed)
     response_format = body.response_format or "wav"
     stream_format = body.stream_format or "audio"
     if response_format not in ("wav", "pcm"):
@@ -207,10 +213,14 @@ def openai_job(body: OpenAISpeechBody, settings: ServerSettings) -> SpeechJob:
     if body.speed is not None and not (math.isfinite(body.speed) and abs(body.speed - 1.0) <= 1.1920929e-07):
         raise Problem("unsupported_speed", "speed must be 1.0")
     mode: OutputMode = "sse" if stream_format == "sse" else ("pcm" if response_format == "pcm" else "wav")
+    talker, predictor = _sampling(body.sampling)
     request = SynthesisRequest(
         text=text,
         voice_description=description,
-        seed=_seed(None),
-        max_frames=_max_frames(None, settings),
+        language=language,
+        seed=seed,
+        max_frames=max_frames,
+        talker_sampling=talker,
+        predictor_sampling=predictor,
     )
     return SpeechJob(request, mode)

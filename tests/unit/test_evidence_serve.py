@@ -16,7 +16,7 @@ from qwen3_tts_native.evidence.adapters import make_adapter
 from qwen3_tts_native.evidence.client import Profile
 from qwen3_tts_native.evidence.runner import EngineSpec, RunOptions, execute
 from qwen3_tts_native.evidence.validate import validate_bundle
-from qwen3_tts_native.evidence.workload import parse_workload
+from qwen3_tts_native.evidence.workload import parity_reasons, parse_workload
 
 FIELDS = ("language", "seed", "max_duration_seconds", "sampling")
 
@@ -37,6 +37,20 @@ def test_openai_adapter_forwards_the_fields_it_is_given() -> None:
         make_adapter("openai", fields=("stream",))
     with pytest.raises(ValueError, match="openai API only"):
         make_adapter("native", fields=("seed",))
+
+
+def test_openai_adapter_forwards_only_what_the_row_has() -> None:
+    row = parse_workload(workload_lines(rows=1)).rows[0]
+    bare = replace(row, raw={key: row.raw[key] for key in ("id", "text", "voice_description", "language")})
+    prepared = make_adapter("openai", fields=FIELDS).prepare(bare, "r")
+    body = json.loads(prepared.body)
+    assert body["language"] == "English" and not {"seed", "max_duration_seconds", "sampling"} & set(body)
+    # the row, not the API, is what keeps this request out of sampling parity
+    assert [*parity_reasons(bare), *prepared.api_parity_reasons] == [
+        "seed not explicit",
+        "sampling not explicit",
+    ]
+    assert parity_reasons(row) == []
 
 
 def test_engine_spec_parses_fields() -> None:
