@@ -301,6 +301,7 @@ class Scheduler:
                     Failed("backend_unavailable", f"the engine failed: {type(error).__name__}"),
                 )
                 raise
+            logger.exception("engine start failed")
             self._finish(
                 handle, session, Failed("internal_error", f"engine start failed: {type(error).__name__}")
             )
@@ -321,6 +322,7 @@ class Scheduler:
         except Exception as error:
             if is_backend_failure(error):
                 raise  # _run ends every request, these included
+            logger.exception("engine step failed for %d session(s)", len(jobs))
             for job in jobs:
                 self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
             return
@@ -354,6 +356,7 @@ class Scheduler:
         except Exception as error:
             if is_backend_failure(error):
                 raise
+            logger.exception("codec decode failed for %d session(s)", len(due))
             failure = Failed("internal_error", f"codec decode failed: {type(error).__name__}")
             for job, _ in due:
                 self._retire(job, failure)
@@ -426,6 +429,7 @@ class Scheduler:
             try:
                 self.engine.release(session)
             except Exception as error:
+                logger.exception("engine release failed")
                 if not isinstance(outcome, Failed):  # a request that already failed keeps its reason
                     outcome = Failed("internal_error", f"engine release failed: {type(error).__name__}")
         with self._lock:
