@@ -28,13 +28,14 @@ from typing import Any
 
 import pytest
 import torch
-from test_talker_parity import REQUESTS, ROLE, TEXT_END, Plan, plans
+from test_talker_parity import REQUESTS, ROLE, TEXT_END, plans
 from torch import Tensor, nn
 
 from qwen3_tts_native.engine.config import VoiceDesignConfig
 from qwen3_tts_native.engine.model.layers import AttentionImpl
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.prompt import PromptPlan
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import (
     PredictorSampling,
@@ -139,7 +140,9 @@ def run_official(model: Any, mode: TextMode, request: int, records: Records) -> 
     return codes[0]
 
 
-def run_forced(talker: Talker, predictor: CodePredictor, plan: Plan, codes: Tensor, records: Records) -> None:
+def run_forced(
+    talker: Talker, predictor: CodePredictor, plan: PromptPlan, codes: Tensor, records: Records
+) -> None:
     """Ours, teacher-forced on the official codes [FRAMES, 16], in the official call order: the prompt,
     then per frame the predictor's 15 calls and the talker step that feeds the next frame."""
     models = [
@@ -178,7 +181,7 @@ def run_forced(talker: Talker, predictor: CodePredictor, plan: Plan, codes: Tens
         records["talker.logits"].append(talker.logits(talker(embeds, positions, slot, cache)))
 
 
-def greedy_codes(talker: Talker, predictor: CodePredictor, plan: Plan) -> Tensor:
+def greedy_codes(talker: Talker, predictor: CodePredictor, plan: PromptPlan) -> Tensor:
     engine = VoiceDesignEngine(talker.config, talker, predictor, max_sessions=1, max_context=128)
     request = SynthesisRequest(
         text="unused: the plan carries the ids",

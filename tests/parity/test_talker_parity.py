@@ -18,6 +18,7 @@ from torch import Tensor
 from qwen3_tts_native.engine.config import VoiceDesignConfig
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.prompt import PromptPlan
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import (
     PredictorSampling,
@@ -42,15 +43,6 @@ REQUESTS: list[tuple[str, list[int], list[int] | None]] = [
 ]
 
 
-@dataclass(frozen=True)
-class Plan:
-    instruct_ids: list[int]
-    role_ids: list[int]
-    text_ids: list[int]
-    language_id: int | None
-    text_mode: TextMode
-
-
 @dataclass
 class OfficialRun:
     codes: list[Tensor]  # per request [FRAMES, 16]
@@ -58,9 +50,9 @@ class OfficialRun:
     predictor_logits: list[Tensor]  # per predictor call [B, 2048], 15 per frame
 
 
-def plans(config: VoiceDesignConfig, mode: TextMode) -> list[Plan]:
+def plans(config: VoiceDesignConfig, mode: TextMode) -> list[PromptPlan]:
     return [
-        Plan(instruct or [], ROLE, text, config.talker.codec_language_id.get(language), mode)
+        PromptPlan(instruct or [], ROLE, text, config.talker.codec_language_id.get(language), mode)
         for language, text, instruct in REQUESTS
     ]
 

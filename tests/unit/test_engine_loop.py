@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,32 +13,25 @@ from qwen3_tts_native.engine.config import VoiceDesignConfig
 from qwen3_tts_native.engine.errors import EngineError, InvalidRequestError
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.prompt import PromptPlan
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import (
     PredictorSampling,
     SynthesisRequest,
     TalkerSampling,
-    TextMode,
 )
 from qwen3_tts_native.engine.runtime.session import Session
 
 ROLE = [151644, 77091, 198]
 
 
-@dataclass(frozen=True)
-class Plan:
-    instruct_ids: list[int]
-    role_ids: list[int]
-    text_ids: list[int]
-    language_id: int | None
-    text_mode: TextMode
-
-
 PLANS = [
-    Plan([151644, 872, 198, 32, 8205, 13, 151645, 198], ROLE, [9707, 11, 1879], None, "non_streaming"),
-    Plan([], ROLE, [40, 1079, 264, 6366, 1273, 315, 279, 1849, 13], 2050, "streaming"),
-    Plan([151644, 872, 198, 21388, 151645, 198], ROLE, [104198, 101909], 2055, "streaming"),
-    Plan([151644, 872, 198, 50, 151645, 198], ROLE, [22560, 11, 3162, 21861, 13], 2053, "non_streaming"),
+    PromptPlan([151644, 872, 198, 32, 8205, 13, 151645, 198], ROLE, [9707, 11, 1879], None, "non_streaming"),
+    PromptPlan([], ROLE, [40, 1079, 264, 6366, 1273, 315, 279, 1849, 13], 2050, "streaming"),
+    PromptPlan([151644, 872, 198, 21388, 151645, 198], ROLE, [104198, 101909], 2055, "streaming"),
+    PromptPlan(
+        [151644, 872, 198, 50, 151645, 198], ROLE, [22560, 11, 3162, 21861, 13], 2053, "non_streaming"
+    ),
 ]
 REQUESTS = [
     SynthesisRequest("a", "", seed=1, max_frames=14),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -15,29 +14,22 @@ from qwen3_tts_native.engine.config import VoiceDesignConfig
 from qwen3_tts_native.engine.errors import InvalidRequestError
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.prompt import PromptPlan
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import (
     FrameResult,
     PredictorSampling,
     SynthesisRequest,
     TalkerSampling,
-    TextMode,
 )
 from qwen3_tts_native.engine.runtime.scheduler import AudioPacket, Event, Failed, RequestHandle, Scheduler
 
 ROLE = [151644, 77091, 198]
 
 
-@dataclass(frozen=True)
-class Plan:
-    instruct_ids: list[int]
-    role_ids: list[int]
-    text_ids: list[int]
-    language_id: int | None
-    text_mode: TextMode
-
-
-PLAN = Plan([151644, 872, 198, 32, 8205, 13, 151645, 198], ROLE, [9707, 11, 1879], None, "non_streaming")
+PLAN = PromptPlan(
+    [151644, 872, 198, 32, 8205, 13, 151645, 198], ROLE, [9707, 11, 1879], None, "non_streaming"
+)
 
 
 @pytest.fixture(scope="module")
