@@ -7,6 +7,7 @@ file imports only the standard library (the project only inside `ensure_snapshot
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -48,3 +49,21 @@ def ensure_snapshot(model: Path, preset: str, seed: int) -> bool:
 
     write_random_snapshot(model, "full" if preset == "full" else "tiny", seed)
     return True
+
+
+def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --preset and --seed: which snapshot a script measures, written first if missing."""
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="snapshot directory; written first (random, --preset/--seed) if it has no config.json "
+        "(default: /tmp/q3tts/<preset>-seed<seed>)",
+    )
+    parser.add_argument("--preset", choices=("full", "tiny"), default="full", help="preset of a new snapshot")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a new snapshot (default 0)")
+
+
+def snapshot_path(args: argparse.Namespace) -> Path:
+    """The absolute snapshot directory the arguments of `add_snapshot_arguments` name."""
+    return (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()

@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import Terminated, command_output, ensure_snapshot, package_version, terminate
+from common import (
+    Terminated,
+    add_snapshot_arguments,
+    command_output,
+    ensure_snapshot,
+    package_version,
+    snapshot_path,
+    terminate,
+)
 from torch import Tensor
 
 TEXT = "Hello there. This sentence checks that two implementations speak with exactly the same codes."
@@ -412,15 +420,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="directory for foundation-parity.json")
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help="snapshot directory; written first (random, --preset/--seed) if it has no config.json "
-        "(default: /tmp/q3tts/<preset>-seed<seed>)",
-    )
-    parser.add_argument("--preset", choices=("full", "tiny"), default="full", help="preset of a new snapshot")
-    parser.add_argument("--seed", type=int, default=0, help="seed of a new snapshot (default 0)")
+    add_snapshot_arguments(parser)
     parser.add_argument("--frames", type=int, default=200, help="frames per text mode (default 200)")
     parser.add_argument("--modes", default=",".join(MODES), help="text modes, comma-separated (default both)")
     parser.add_argument(
@@ -448,7 +448,7 @@ def main() -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
-    args.model = (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()
+    args.model = snapshot_path(args)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "schema": "qwen3-tts-native/foundation-parity/1",

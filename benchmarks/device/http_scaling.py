@@ -36,7 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from common import REPO_ROOT, Terminated, command_output, ensure_snapshot, package_version, terminate
+from common import (
+    REPO_ROOT,
+    Terminated,
+    add_snapshot_arguments,
+    command_output,
+    ensure_snapshot,
+    package_version,
+    snapshot_path,
+    terminate,
+)
 
 TEXT = (
     "Ladies and gentlemen, this stream measures how many codec frames the server produces per second "
@@ -263,15 +272,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="directory for http-scaling.json")
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help="snapshot directory; written first (random, --preset/--seed) if it has no config.json "
-        "(default: /tmp/q3tts/<preset>-seed<seed>)",
-    )
-    parser.add_argument("--preset", choices=("full", "tiny"), default="full", help="preset of a new snapshot")
-    parser.add_argument("--seed", type=int, default=0, help="seed of a new snapshot (default 0)")
+    add_snapshot_arguments(parser)
     parser.add_argument("--concurrency", default="1,4,16", help="levels, comma-separated (default 1,4,16)")
     parser.add_argument(
         "--max-duration-seconds",
@@ -288,7 +289,7 @@ def main() -> int:
         parser.error("--concurrency takes comma-separated integers")
     if not levels or levels[0] < 1 or levels[-1] > 64:
         parser.error("--concurrency levels must be in 1..64")
-    args.model = (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()
+    args.model = snapshot_path(args)
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, terminate)
     report: dict[str, Any] = {
