@@ -1,27 +1,31 @@
 """Whole-frame CUDA graphs over static caches: the GPU frame backend of `VoiceDesignEngine`.
 
 A frame (talker step + cb0 draw + the 15 predictor steps and draws) is captured once per batch-size
-bucket (1, 2, 4, 8, 16, 32, 64) and replayed: one launch per frame instead of ~1,500, and no host
+bucket (1, 2, 4, 8, 16, 32, 64) and replayed: one launch per frame instead of ~1,200, and no host
 synchronisation inside it. Every input is a per-row tensor copied into the bucket's static buffers, so
 sessions may sit at different positions (ragged), and padded rows of a partly filled bucket run on the
 cache's scratch slot (the last one) at position 0, so they never touch a live session.
 
-Modes (runtime/modes.py):
-- exact: the captured function is `step.decode_frames` itself (prefill: `step.complete_frames`), so a
-  replay computes the same kernels on the same shapes as the eager engine, bit for bit (the reference ops
-  are batch invariant, which is what makes padding rows harmless).
-- fast: the same frame on the fused kernels of engine/kernels (ops.*) with weight-only 8-bit (or bf16)
-  decode GEMVs, flash-decoding attention and the one-kernel sampler. Products over `mode.gemm_min_rows`
-  rows or more run on cuBLAS (F.linear, bf16 weights) instead: the GEMV re-reads the weights per tile of
-  16 rows and is CUDA-core bound from ~8 rows on (kernel-bench.json), while cuBLAS streams them once.
-  Each bucket's shapes are fixed, so the choice is made once per captured graph; a session's codes can
-  therefore differ between buckets (fast mode is deterministic per bucket, not batch invariant). The
-  prompt of a fast-mode prefill runs on the same kernels, one row per prompt token.
+The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fused kernels of
+engine/kernels (ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write, flash-decoding
+attention over each row's live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for
+products of fewer than `mode.gemm_min_rows` rows. Larger products run on cuBLAS (F.linear, bf16
+weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8 rows on
+(kernel-bench.json), while cuBLAS streams them once. The prompt of a prefill runs on the same kernels,
+one row per prompt token. Modes (runtime/modes.py) differ only in the GEMV weights: bf16 (exact) or
+8-bit (fast).
+
+Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
+reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
+not bit-identical to the torch model (`step.EagerFrameBackend`, which is the CPU engine and is bit-exact
+against the official package). A replay is bit-identical to the same kernels run eagerly
+(`KernelFrameBackend`), and each bucket's shapes are fixed, so the choice of GEMV or cuBLAS is made once
+per graph: a session's codes can differ between buckets (deterministic per bucket, not batch invariant).
 
 The fused bf16 qkv and gate/up matrices are made once and the model's own q/k/v and gate/up parameters
-are re-pointed at row slices of them, so fast mode adds only its 8-bit copies to the memory footprint.
+are re-pointed at row slices of them, so a backend adds only its 8-bit copies (fast) to the footprint.
 
-The backend implements `step.FrameBackend`; `install` makes it an engine's `frame_backend`.
+`GraphFrameBackend` implements `step.FrameBackend`; `install` makes it an engine's `frame_backend`.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def _fuse(*params: Tensor) -> Tensor:
 
     Parameters that are already adjacent slices of one storage (fused by an earlier backend) are viewed
     in place, so a second backend neither copies nor moves them: graphs captured earlier keep valid
-    pointers. Re-pointing happens once, when the first fast backend is built."""
+    pointers. Re-pointing happens once, when the first backend is built."""
     first = params[0].detach()
     end = first.data_ptr()
     adjacent = True
@@ -168,8 +172,8 @@ def _run_blocks(
     return h
 
 
-class FastFrame:
-    """The frame of `step.decode_frames` on the fused kernels (mode "fast")."""
+class KernelFrame:
+    """The frame of `step.decode_frames` on the fused kernels, with the GEMV weights of `mode`."""
 
     def __init__(self, talker: Talker, predictor: CodePredictor, mode: Mode) -> None:
         self.talker = talker
@@ -196,9 +200,11 @@ class FastFrame:
         length = prompt.shape[0]
         positions = torch.arange(length, device=prompt.device)
         slots = slot.expand(length).contiguous()
-        return self._talker_hidden(prompt.clone(), positions, slots, cache)[-1:]
+        return self.talker_hidden(prompt.clone(), positions, slots, cache)[-1:]
 
-    def _talker_hidden(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+    def talker_hidden(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+        """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
+        post-norm hidden [N, H]."""
         x = embeds.contiguous()
         t = self.talker
         return _run_blocks(
@@ -255,8 +261,12 @@ class FastFrame:
                 )
         return torch.stack(codes, dim=1)
 
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The talker's cb0 logits [N, vocab] in float32 from its post-norm hidden [N, H]."""
+        return self.codec_head(hidden).float()
+
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
-        logits = self.codec_head(hidden).float()
+        logits = self.logits(hidden)
         cb0 = ops.sample_talker(
             logits,
             rows.uniforms[:, 0],
@@ -278,8 +288,42 @@ class FastFrame:
         rows: FrameRows,
     ) -> Tensor:
         embeds = step.frame_input(self.talker, previous_codes, text)
-        hidden = self._talker_hidden(embeds, positions, slots, cache)
+        hidden = self.talker_hidden(embeds, positions, slots, cache)
         return self.complete_frames(hidden, rows)
+
+
+class KernelFrameBackend:
+    """`KernelFrame` run eagerly, without graphs: the computation a `GraphFrameBackend` replays, against
+    which its replays are checked bit for bit (tests/device)."""
+
+    scratch_slots = 0
+
+    def __init__(self, talker: Talker, predictor: CodePredictor, mode: Mode = EXACT) -> None:
+        self.frame = KernelFrame(talker, predictor, mode)
+
+    def decode_frames(
+        self,
+        talker: Talker,
+        predictor: CodePredictor,
+        cache: KVCache,
+        previous_codes: Tensor,
+        text: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        rows: FrameRows,
+    ) -> Tensor:
+        return self.frame.decode_frames(cache, previous_codes, text, positions, slots, rows)
+
+    def prefill_frame(
+        self,
+        talker: Talker,
+        predictor: CodePredictor,
+        cache: KVCache,
+        prompt: Tensor,
+        slot: Tensor,
+        rows: FrameRows,
+    ) -> Tensor:
+        return self.frame.complete_frames(self.frame.prefill_hidden(prompt, slot, cache), rows)
 
 
 def _sampling_like(rows: SamplingRows, batch: int) -> SamplingRows:
@@ -370,9 +414,7 @@ class GraphFrameBackend:
             raise ValueError("GraphFrameBackend needs the model on a CUDA device")
         self.mode = mode
         self.buckets = tuple(sorted(buckets))
-        self.talker = talker
-        self.predictor = predictor
-        self.fast = FastFrame(talker, predictor, mode) if mode.name == "fast" else None
+        self.frame = KernelFrame(talker, predictor, mode)
         self._decode: dict[int, _Static] = {}
         self._complete: dict[int, _Static] = {}
         self._pool = torch.cuda.graph_pool_handle()
@@ -428,10 +470,7 @@ class GraphFrameBackend:
         slot: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        if self.fast is not None:
-            hidden = self.fast.prefill_hidden(prompt, slot, cache)
-        else:
-            hidden = step.prefill_hidden(talker, cache, prompt, slot)
+        hidden = self.frame.prefill_hidden(prompt, slot, cache)
         static = self._complete_static(1, rows, hidden)
         static.hidden.copy_(hidden)
         static.load_rows(rows, 1)
@@ -455,25 +494,10 @@ class GraphFrameBackend:
         if static is None:
             scratch = cache.k.shape[1] - 1
             static = _Static.allocate(bucket, template, like.shape[-1], like.dtype, scratch)
-            s = static
-            if self.fast is not None:
-                fast = self.fast
+            s, frame = static, self.frame
 
-                def run() -> Tensor:
-                    return fast.decode_frames(cache, s.previous_codes, s.text, s.positions, s.slots, s.rows)
-            else:
-
-                def run() -> Tensor:
-                    return step.decode_frames(
-                        self.talker,
-                        self.predictor,
-                        cache,
-                        s.previous_codes,
-                        s.text,
-                        s.positions,
-                        s.slots,
-                        s.rows,
-                    )
+            def run() -> Tensor:
+                return frame.decode_frames(cache, s.previous_codes, s.text, s.positions, s.slots, s.rows)
 
             static.graph, static.out = self._capture(run)
             self._decode[bucket] = static
@@ -483,16 +507,10 @@ class GraphFrameBackend:
         static = self._complete.get(bucket)
         if static is None:
             static = _Static.allocate(bucket, template, like.shape[-1], like.dtype, 0)
-            s = static
-            if self.fast is not None:
-                fast = self.fast
+            s, frame = static, self.frame
 
-                def run() -> Tensor:
-                    return fast.complete_frames(s.hidden, s.rows)
-            else:
-
-                def run() -> Tensor:
-                    return step.complete_frames(self.talker, self.predictor, s.hidden, s.rows)
+            def run() -> Tensor:
+                return frame.complete_frames(s.hidden, s.rows)
 
             static.graph, static.out = self._capture(run)
             self._complete[bucket] = static

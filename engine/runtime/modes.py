@@ -1,7 +1,9 @@
-"""Engine modes: "exact" (bf16, the reference math; default) and "fast" (8-bit decode weights, bf16 codec).
+"""Engine modes on CUDA: "exact" (bf16 weights, float32 codec; default) and "fast" (8-bit decode weights,
+bf16 codec).
 
-Selected by QWEN3_TTS_MODE (or an explicit argument). Only the GPU frame backend and the codec precision
-differ between modes; prompts, sampling rules and the frame accounting are the same.
+Selected by QWEN3_TTS_MODE (or an explicit argument). Both run the frame on the fused kernels
+(runtime/graphs.py); only the GEMV weights and the codec precision differ. Prompts, sampling rules and the
+frame accounting are the same. On CPU there are no modes: the engine is the torch reference model.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ WeightFormat = Literal["bf16", "int8", "fp8"]
 class Mode:
     """What a mode changes.
 
-    exact: the frame is `runtime.step.decode_frames` itself, captured in CUDA graphs, so its codes equal
-    the eager engine's bit for bit; fp32 codec.
-    fast: the frame runs on the fused kernels of engine/kernels with weight-only 8-bit decode GEMVs
-    (`weights`) for products of fewer than `gemm_min_rows` rows and bf16 cuBLAS for larger ones, and the
-    codec runs in bf16.
+    exact: the model's own bf16 weights (GEMV below `gemm_min_rows` rows, cuBLAS above) and a float32 codec:
+    the reference math at bf16 precision, rounded by the kernels instead of by torch's ops.
+    fast: weight-only 8-bit decode GEMVs (`weights`) for products of fewer than `gemm_min_rows` rows, bf16
+    cuBLAS for larger ones, and a bf16 codec.
 
-    gemm_min_rows: the GEMV/cuBLAS crossover, from kernel-bench.json (H200: the int8 GEMV wins at 1 row,
-    cuBLAS at 8 and above; 2 and 4 are measured by benchmarks/device/kernel_bench.py).
+    gemm_min_rows: the GEMV/cuBLAS crossover, from kernel-bench.json (benchmarks/results/2026-11-30-run3,
+    H200): the int8 GEMV beats cuBLAS at 1 and 2 rows and loses from 4 on; the bf16 GEMV only ties with
+    cuBLAS at 1 row (ahead on the predictor's matrices, behind on the talker's) and loses from 2 on.
     """
 
     name: ModeName
@@ -37,7 +39,7 @@ class Mode:
     gemm_min_rows: int = 4
 
 
-EXACT = Mode("exact", "bf16", torch.float32)
+EXACT = Mode("exact", "bf16", torch.float32, gemm_min_rows=2)
 FAST = Mode("fast", "int8", torch.bfloat16)
 MODES: dict[str, Mode] = {"exact": EXACT, "fast": FAST}
 

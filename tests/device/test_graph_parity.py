@@ -1,11 +1,14 @@
-"""The CUDA-graph frame backend on the full random snapshot (QWEN3_TTS_DEVICE_SNAPSHOT):
+"""The CUDA frame on the full random snapshot (QWEN3_TTS_DEVICE_SNAPSHOT):
 
-- exact mode reproduces the eager engine's greedy codes for >= 200 frames (bit-exact by construction:
-  the graphs replay step.decode_frames itself);
+- exact mode's graphs reproduce the same kernels run eagerly (`KernelFrameBackend`), greedy, for >= 200
+  frames, bit for bit: ragged positions, padded buckets and replays are correct;
+- exact mode computes the torch model's math: teacher-forced on the torch model's own 200 greedy frames,
+  its talker logits stay within a relative L2 of LOGIT_TOLERANCE of the torch model's (the kernels round
+  differently, so free-running greedy codes part early on random weights, whose logits are nearly tied:
+  how early is reported, with the same figures for fast mode);
 - exact mode on the GPU: a session's codes do not depend on which sessions share its bucket. Full batch
-  invariance (together == alone) is a CPU property only: cuBLAS picks a different kernel for each batch
-  count of the per-row bmm in layers.linear (first device run), and a padded bucket of B rows is a
-  different shape from a bucket of 1. tests/unit keeps the CPU acceptance test of batch invariance;
+  invariance (together == alone) is a CPU property only: the GEMV/cuBLAS choice and cuBLAS's kernels
+  follow the bucket size. tests/unit keeps the CPU acceptance test of batch invariance;
 - a seeded sampled request gives the same codes run to run;
 - fast mode: how many greedy frames agree with exact before the first difference (reported, not gated).
 """
@@ -19,12 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen3_tts_native.engine.runtime import graphs
+from qwen3_tts_native.engine.runtime import graphs, step
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
-from qwen3_tts_native.engine.runtime.modes import EXACT, FAST
+from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
 from qwen3_tts_native.engine.runtime.request import PredictorSampling, SynthesisRequest, TalkerSampling
 
 FRAMES = 200
+LOGIT_TOLERANCE = 5e-2
+"""Relative L2 of the teacher-forced talker logits, exact kernels against the torch model (bf16)."""
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
 VOICE = "A deep, slow male voice."
 
@@ -53,8 +58,8 @@ def engine(device_snapshot: Path) -> VoiceDesignEngine:
     )
 
 
-def with_backend(engine: VoiceDesignEngine, mode=EXACT):  # type: ignore[no-untyped-def]
-    fresh = VoiceDesignEngine(
+def fresh_engine(engine: VoiceDesignEngine) -> VoiceDesignEngine:
+    return VoiceDesignEngine(
         engine.config,
         engine.talker,
         engine.predictor,
@@ -63,28 +68,95 @@ def with_backend(engine: VoiceDesignEngine, mode=EXACT):  # type: ignore[no-unty
         max_sessions=4,
         max_context=512,
     )
+
+
+def with_backend(engine: VoiceDesignEngine, mode: Mode = EXACT):  # type: ignore[no-untyped-def]
+    fresh = fresh_engine(engine)
     undo = graphs.install(fresh, graphs.GraphFrameBackend(engine.talker, engine.predictor, mode))
     return fresh, undo
 
 
-def test_exact_mode_reproduces_eager_greedy_codes(engine: VoiceDesignEngine, report_dir: Path) -> None:
-    eager = engine.generate_codes(greedy())
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
+    frames = min(a.shape[0], b.shape[0])
+    return next((i for i in range(frames) if not torch.equal(a[i], b[i])), frames)
+
+
+def test_exact_graphs_replay_the_eager_kernel_frame(engine: VoiceDesignEngine) -> None:
+    eager_engine = fresh_engine(engine)
+    eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
+    eager = eager_engine.generate_codes(greedy())
     graphed_engine, undo = with_backend(engine)
     try:
         graphed = graphed_engine.generate_codes(greedy())
         again = graphed_engine.generate_codes(greedy())
     finally:
         undo()
-    frames = min(eager.shape[0], graphed.shape[0])
-    agree = next((i for i in range(frames) if not torch.equal(eager[i], graphed[i])), frames)
-    (report_dir / "exact-greedy-parity.json").write_text(
-        json.dumps(
-            {"eager_frames": eager.shape[0], "graph_frames": graphed.shape[0], "identical_prefix": agree}
-        )
-    )
     assert eager.shape[0] >= FRAMES or eager.shape[0] == graphed.shape[0]
-    assert torch.equal(eager, graphed)
+    assert first_difference(eager, graphed) == eager.shape[0] == graphed.shape[0]
     assert torch.equal(graphed, again)
+
+
+def teacher_forced_logits(
+    engine: VoiceDesignEngine, codes: torch.Tensor, frame: graphs.KernelFrame | None
+) -> torch.Tensor:
+    """cb0 logits [T, vocab] of frames 0..T-1 when every input is the given codes' previous frame: the
+    torch model's (`frame` None) or the kernel frame's, each on a private cache."""
+    talker = engine.talker
+    session = engine.start_session(greedy())
+    try:
+        assert session.prompt is not None
+        cache = talker.new_cache(1, engine.max_context)
+        slot = torch.zeros(1, dtype=torch.int64, device=engine.device)
+        if frame is None:
+            hidden = step.prefill_hidden(talker, cache, session.prompt, slot)
+        else:
+            hidden = frame.prefill_hidden(session.prompt, slot, cache)
+        logits = [talker.logits(hidden) if frame is None else frame.logits(hidden)]
+        for t in range(1, codes.shape[0]):
+            session.frames_emitted = t
+            embeds = step.frame_input(
+                talker, codes[t - 1 : t].to(engine.device), session.text_element()[None]
+            )
+            position = torch.full(
+                (1,), session.prompt_length + t - 1, dtype=torch.int64, device=engine.device
+            )
+            if frame is None:
+                hidden = talker(embeds.unsqueeze(1), position.unsqueeze(1), slot, cache)[:, 0]
+                logits.append(talker.logits(hidden))
+            else:
+                logits.append(frame.logits(frame.talker_hidden(embeds, position, slot, cache)))
+        return torch.cat(logits)
+    finally:
+        engine.release(session)
+
+
+def test_exact_kernels_compute_the_torch_model(engine: VoiceDesignEngine, report_dir: Path) -> None:
+    reference = engine.generate_codes(greedy())  # the torch model (accelerate=False)
+    expected = teacher_forced_logits(engine, reference, None)
+    report: dict[str, object] = {"reference_frames": reference.shape[0]}
+    for mode in (EXACT, FAST):
+        got = teacher_forced_logits(
+            engine, reference, graphs.KernelFrame(engine.talker, engine.predictor, mode)
+        )
+        per_frame = (got - expected).norm(dim=-1) / expected.norm(dim=-1)
+        graphed_engine, undo = with_backend(engine, mode)
+        try:
+            free_running = graphed_engine.generate_codes(greedy())
+        finally:
+            undo()
+        report[mode.name] = {
+            "teacher_forced_logit_rel_l2_max": float(per_frame.max()),
+            "teacher_forced_logit_rel_l2_median": float(per_frame.median()),
+            "teacher_forced_cb0_argmax_agreement": float(
+                (got.argmax(-1) == expected.argmax(-1)).float().mean()
+            ),
+            "free_running_identical_prefix_frames": first_difference(reference, free_running),
+        }
+    (report_dir / "exact-greedy-parity.json").write_text(json.dumps(report, indent=2))
+    print(report)
+    exact = report["exact"]
+    assert isinstance(exact, dict)
+    assert exact["teacher_forced_logit_rel_l2_max"] <= LOGIT_TOLERANCE, exact
 
 
 def run_together(engine: VoiceDesignEngine, requests: list[SynthesisRequest]) -> list[torch.Tensor]:
@@ -150,7 +222,7 @@ def test_fast_mode_agreement_is_reported(engine: VoiceDesignEngine, report_dir: 
     finally:
         undo()
     out = {}
-    for mode in (replace(FAST, weights="bf16"), FAST, replace(FAST, weights="fp8")):
+    for mode in (FAST, replace(FAST, weights="fp8")):
         fast_engine, undo = with_backend(engine, mode)
         try:
             fast = fast_engine.generate_codes(greedy(frames=100))

@@ -13,7 +13,7 @@ from qwen3_tts_native.engine.model import layers
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
 from qwen3_tts_native.engine.runtime import sampling, step
-from qwen3_tts_native.engine.runtime.graphs import FastFrame
+from qwen3_tts_native.engine.runtime.graphs import KernelFrame
 from qwen3_tts_native.engine.runtime.modes import FAST, resolve_mode
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
@@ -112,7 +112,7 @@ def test_fast_frame_matches_the_reference_frame_on_cpu(
     talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
     predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
     bf16_fast = type(FAST)("fast", "bf16", torch.float32)
-    fast = FastFrame(talker, predictor, bf16_fast)
+    fast = KernelFrame(talker, predictor, bf16_fast)
     batch = 3
     g = torch.Generator().manual_seed(4)
     cache_a = talker.new_cache(4, 32)
@@ -152,7 +152,7 @@ def test_fast_prefill_matches_the_talker_prompt_pass_on_cpu(
     """The fast prefill (one kernel row per prompt token) computes the talker's prompt pass."""
     talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
     predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
-    fast = FastFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
+    fast = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
     prompt = torch.randn(11, talker.hidden_size, generator=torch.Generator().manual_seed(8))
     slot = torch.tensor([2])
     cache_a, cache_b = talker.new_cache(4, 32), talker.new_cache(4, 32)
