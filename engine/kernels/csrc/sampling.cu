@@ -72,12 +72,67 @@ __device__ float block_max_float(float v, float* scratch) {
   return warp_max(scratch[lane]);
 }
 
+// The k-th largest of the block's scores (k >= 1, counting repeats), in 4 radix passes of 8 bits over the
+// ordered keys: the value keys[size - k] of the sorted path, without sorting. Every thread returns it.
+__device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int k, unsigned int* hist,
+                                   int* selected) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t prefix = 0u, mask = 0u;
+  int remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = tid * kPerThread + j;
+      const uint32_t u = ordered(s[j]);
+      if (i < vocab && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // Lane l holds the digits 255 - 8l down to 248 - 8l; counts accumulate from the largest digit.
+      int count[8];
+      int sum = 0;
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        count[t] = static_cast<int>(hist[255 - 8 * lane - t]);
+        sum += count[t];
+      }
+      int inclusive = sum;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, inclusive, off);
+        if (lane >= off) inclusive += n;
+      }
+      const int exclusive = inclusive - sum;
+      if (exclusive < remaining && remaining <= inclusive) {
+        int run = exclusive;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          if (run < remaining && remaining <= run + count[t]) {
+            selected[0] = 255 - 8 * lane - t;
+            selected[1] = remaining - run;
+          }
+          run += count[t];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(selected[0]) << shift;
+    mask |= 255u << shift;
+    remaining = selected[1];
+    __syncthreads();
+  }
+  return unordered(prefix);
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   __shared__ unsigned long long keys[kMaxVocab];
   __shared__ uint8_t dropped[kMaxVocab];
   __shared__ double dscratch[32];
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
+  __shared__ unsigned int hist[256];
 
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
@@ -130,7 +185,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     float kth = -CUDART_INF_F;
     int size = 1;
     while (size < vocab) size <<= 1;
-    if (cut_k || cut_p) {
+    if (cut_k && !cut_p) {
+      // Top-k alone needs only the k-th largest score and the maximum, not the order.
+      float m = -CUDART_INF_F;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
+      max_score = block_max_float(m, fscratch);
+      kth = block_kth_largest(s, vocab, static_cast<int>(k), hist, iscratch);
+    } else if (cut_p) {
       // Stable ascending order: key = (ordered value, id); padding keys (0) sort first.
       const int pad = size - vocab;
       for (int p = tid; p < size; p += kThreads) keys[p] = 0ull;
