@@ -375,8 +375,9 @@ def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[s
     return summary
 
 
-def codec_packet_ms(engine: Any, runs: int = 20) -> dict[str, float]:
-    """Median wall time of `decode_packet` for 1- and 4-frame packets of one session (PCM bytes included)."""
+def codec_packet_ms(engine: Any, runs: int = 20, profile_path: Path | None = None) -> dict[str, float]:
+    """Median wall time of `decode_packet` for 1- and 4-frame packets of one session (PCM bytes included),
+    and with `profile_path` the kernel count and GPU time of a 4-frame packet."""
     import torch
 
     session = engine.start_session(make_request(8, seed=3))
@@ -392,9 +393,32 @@ def codec_packet_ms(engine: Any, runs: int = 20) -> dict[str, float]:
                 engine.decode_packet(session, codes)
                 values.append((time.perf_counter() - start) * 1000)
             out[f"{frames}_frame"] = statistics.median(values)
+        if profile_path is not None:
+            out.update(profile_codec_packet(engine, session, profile_path))
     finally:
         engine.release(session)
     return out
+
+
+def profile_codec_packet(engine: Any, session: Any, path: Path) -> dict[str, float]:
+    """torch.profiler over one 4-frame `decode_packet`: kernel count and GPU busy time, table to `path`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    codes = torch.randint(0, 2048, (4, 16), device=engine.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.decode_packet(session, codes)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    summary = {
+        "codec_4_frame_kernels": float(len(kernels)),
+        "codec_4_frame_gpu_busy_ms": sum(e.device_time for e in kernels) / 1000,
+    }
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    title = "# one 4-frame codec packet (decode_packet), one session"
+    path.write_text(f"{title}\n{json.dumps(summary)}\n\n{table}\n")
+    return summary
 
 
 def codec_error(engine: Any, decoder_bf16: Any, frames: int = 48) -> dict[str, float]:
@@ -460,7 +484,8 @@ def bench_mode(
             result["ttfa_ms"] = measure_ttfa(engine, args.ttfa_runs)
             result["single"] = measure_single(engine, args.frames, args.runs)
             result["peak_gpu_memory_bytes_b1"] = torch.cuda.max_memory_allocated()
-            result["codec_packet_ms"] = codec_packet_ms(engine)
+            codec_profile = profile_dir / f"profile-{name}-codec.txt"
+            result["codec_packet_ms"] = codec_packet_ms(engine, profile_path=codec_profile)
             result["profile_b1"] = profile_frame(engine, backend, 1, profile_dir / f"profile-{name}-b1.txt")
         finally:
             undo()
