@@ -1,6 +1,6 @@
 // Flash-decoding for one query token per row over a static [slots, kv_heads, max_len, D] cache.
 // Pass 1: one block per (64-key split, kv head, row); the split's K and V are staged in shared memory with
-// all loads in flight at once, and every query head of the GQA group reuses them. Pass 2 merges the splits.
+// all loads in flight at once, and every query head of the GQA group reuses them. Pass 2 merges the splits (no pass 2 for a single split).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length.
 #include <math_constants.h>
@@ -16,7 +16,8 @@ constexpr int kThreads = 128;
 
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads)
-    attention_split_kernel(float* __restrict__ ws, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
+                           const bf16* __restrict__ k_cache,
                            const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
                            const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
                            int num_splits, float scale) {
@@ -37,7 +38,14 @@ __global__ void __launch_bounds__(kThreads)
   float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
   const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
 
+  // One split (the predictor's short caches): normalise here and skip the merge kernel. The merge of one
+  // split computes fmaf(acc, 1, 0) / fmaf(l, 1, 0), i.e. (acc + 0) / l, so this is the same result.
+  bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
   if (count <= 0) {
+    if (single != nullptr) {
+      for (int i = tid; i < G * D; i += kThreads) single[i] = to_bf(0.0f);
+      return;
+    }
     for (int i = tid; i < G * (D + 2); i += kThreads) {
       const int g = i / (D + 2), j = i % (D + 2);
       part[g * part_head + j] = j == D ? -CUDART_INF_F : 0.0f;
@@ -116,9 +124,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int g = 0; g < G; ++g) acc[g] = fmaf(p_s[g][key], v, acc[g]);
     }
+    if (single != nullptr) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float den = red_s[g][0][1] + red_s[g][1][1];
+        single[g * D + d] = to_bf(den > 0.0f ? (acc[g] + 0.0f) / den : 0.0f);
+      }
+      continue;
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) part[g * part_head + d] = acc[g];
   }
+  if (single != nullptr) return;
   if (tid < G) {
     const int g = tid;
     part[g * part_head + D] = fmaxf(red_s[g][0][0], red_s[g][1][0]);
@@ -165,7 +182,8 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
   const dim3 grid(splits, kv_heads, batch);
 #define Q3TTS_SPLIT(D, G)                                                                              \
   attention_split_kernel<D, G><<<grid, kThreads, 0, stream>>>(                                         \
-      workspace, static_cast<const bf16*>(q), static_cast<const bf16*>(k_cache),                       \
+      workspace, static_cast<bf16*>(out), static_cast<const bf16*>(q),                                 \
+      static_cast<const bf16*>(k_cache),                                                               \
       static_cast<const bf16*>(v_cache), slots, lengths, q_heads, kv_heads, max_len, splits, scale)
   if (head_dim == 128 && groups == 2) {
     Q3TTS_SPLIT(128, 2);
@@ -180,7 +198,7 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
   }
 #undef Q3TTS_SPLIT
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || splits == 1) return err;
   if (head_dim == 128) {
     attention_merge_kernel<128><<<batch * q_heads, 128, 0, stream>>>(static_cast<bf16*>(out), workspace, splits);
   } else {
