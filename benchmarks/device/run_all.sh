@@ -76,8 +76,8 @@ if [ -n "$SNAP_PID" ]; then
 fi
 
 if want parity; then
-  phase "tests/device graph parity (full snapshot)" 150
-  QWEN3_TTS_DEVICE_SNAPSHOT=$SNAPSHOT timeout "$(cap 150)" python3 -m pytest -q tests/device/test_graph_parity.py \
+  phase "tests/device graph parity (full snapshot)" 220
+  QWEN3_TTS_DEVICE_SNAPSHOT=$SNAPSHOT timeout "$(cap 220)" python3 -m pytest -q tests/device/test_graph_parity.py \
     -p no:cacheprovider --junitxml="$RESULTS/device-graph-tests.xml" 2>&1 | tail -25
   pack
 fi
