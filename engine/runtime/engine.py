@@ -1,9 +1,17 @@
 """VoiceDesignEngine: sessions in, frames and PCM packets out (docs/architecture.md, "the frame loop").
 
-Frame accounting (model.md §2.6): `prefill` runs the prompt and produces frame 0; each `step` feeds a
-session's previous frame (+ its text-stream element) to the talker, samples the next cb0 and, unless it is
-EOS, completes the frame with the predictor. EOS ends a session with "stop" and yields no frame; the frame
-that brings a session to `max_frames` ends it with "length", so no talker step is wasted after it.
+Frame accounting (model.md §2.6): `prefill_many` runs the prompts and produces frame 0 of each session;
+each `step` feeds a session's previous frame (+ its text-stream element) to the talker, samples the next cb0
+and, unless it is EOS, completes the frame with the predictor. EOS ends a session with "stop" and yields no
+frame; the frame that brings a session to `max_frames` ends it with "length", so no talker step is wasted
+after it.
+
+Host work per call: on CUDA it, not the device, is what a small batch waits for, so the per-row state
+lives on the device in per-slot buffers that each call updates in place: the last frame's codes, the cb0
+history and a block of uniforms. A call gathers its B rows with one index op per buffer instead of stacking
+B tensors, and records its frames with one scatter per buffer instead of B writes; the per-row integers
+go over in one copy, the codes come back in one, and the batch's concatenated sampling rows are reused
+while its sessions stay the same.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ from .graphs import SCRATCH_SLOTS
 from .modes import Mode, resolve_mode
 from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
 from .sampling import EOS_BAN_FRAMES, SamplingRows
-from .session import Session
-from .step import EagerFrameBackend, FrameBackend, FrameRows
+from .session import UNIFORM_BLOCK_FRAMES, Session
+from .step import UNIFORMS_PER_FRAME, EagerFrameBackend, FrameBackend, FrameRows
 
 
 class VoiceDesignEngine:
@@ -63,6 +71,22 @@ class VoiceDesignEngine:
         """KV pool: slots 0..max_sessions-1 belong to sessions; `scratch_slots` more (the graphs' padding
         rows) are allocated up front when the engine will be accelerated, so installing them reallocates
         nothing."""
+        tc = config.talker
+        self._cb0_history = torch.zeros(max_sessions, tc.vocab_size, dtype=torch.bool, device=self.device)
+        """Per slot: every cb0 of its session so far (cleared when a session opens on the slot)."""
+        self._last_codes = torch.zeros(
+            max_sessions, tc.num_code_groups, dtype=torch.int64, device=self.device
+        )
+        """Per slot: its session's last frame, the input of the session's next step."""
+        self._uniforms = torch.zeros(
+            max_sessions * UNIFORM_BLOCK_FRAMES, UNIFORMS_PER_FRAME, dtype=torch.float64, device=self.device
+        )
+        """Per slot, `UNIFORM_BLOCK_FRAMES` rows: its session's uniforms for the frames of the current block
+        (frame f at row slot * UNIFORM_BLOCK_FRAMES + f % UNIFORM_BLOCK_FRAMES), refilled when f reaches a
+        new block."""
+        self._true = torch.ones((), dtype=torch.bool, device=self.device)
+        self._sampling: tuple[tuple[Session, ...], SamplingRows, SamplingRows] | None = None
+        """The last batch's sessions and their concatenated (talker, predictor) sampling rows."""
         self._free_slots = list(range(max_sessions))
         self.frame_backend: FrameBackend = EagerFrameBackend()
         """Computes the frames; runtime/graphs.py swaps in CUDA graphs (and grows the cache by its scratch
@@ -162,7 +186,6 @@ class VoiceDesignEngine:
             top_p=ps.top_p,
             device=self.device,
         )
-        cb0_history = torch.zeros(tc.vocab_size, dtype=torch.bool, device=self.device)
         generator = torch.Generator().manual_seed(request.seed)
         codec_state: CodecStreamState | None = None
         if self.decoder is not None and self.codec_backend is None:
@@ -171,6 +194,7 @@ class VoiceDesignEngine:
         try:
             if self.codec_backend is not None:
                 self.codec_backend.reset(slot)
+            self._cb0_history[slot].zero_()
         except BaseException:
             self._free_slots.insert(0, slot)
             raise
@@ -184,51 +208,69 @@ class VoiceDesignEngine:
             tts_pad=tts_pad,
             talker_sampling=talker_sampling,
             predictor_sampling=predictor_sampling,
-            cb0_history=cb0_history,
             generator=generator,
             device=self.device,
             codec_state=codec_state,
         )
 
-    @torch.no_grad()
     def prefill(self, session: Session) -> FrameResult:
         """Run the prompt, sample cb0 of frame 0 (EOS is banned there) and complete frame 0."""
-        if session.released or session.prompt is None:
-            raise EngineError("prefill needs a fresh session")
-        slot = torch.tensor([session.slot], device=self.device)
-        rows = self._rows([session], torch.zeros(1, dtype=torch.int64, device=self.device))
-        codes = self.frame_backend.prefill_frame(
-            self.talker, self.predictor, self.cache, session.prompt, slot, rows
+        return self.prefill_many([session])[0]
+
+    @torch.no_grad()
+    def prefill_many(self, sessions: list[Session]) -> list[FrameResult]:
+        """`prefill` for B fresh sessions in one backend call: their prompts and their frame 0 together
+        (on CUDA one prompt pass and one frame graph, instead of B of each)."""
+        if not sessions:
+            return []
+        self._check_distinct(sessions)
+        for session in sessions:
+            if session.released or session.prompt is None:
+                raise EngineError("prefill needs fresh sessions")
+        meta = torch.tensor(
+            [[s.slot for s in sessions], [0] * len(sessions), [self._uniform_index(s) for s in sessions]],
+            dtype=torch.int64,
         )
-        session.position = session.prompt_length
-        session.prompt = None
-        return self._advance([session], codes)[0]
+        slots, frames_generated, uniform_rows = meta.to(self.device)
+        prompts = [s.prompt for s in sessions if s.prompt is not None]
+        rows = self._rows(sessions, slots, frames_generated, uniform_rows)
+        codes = self.frame_backend.prefill_frames(
+            self.talker, self.predictor, self.cache, prompts, slots, rows
+        )
+        for session in sessions:
+            session.position = session.prompt_length
+            session.prompt = None
+        return self._advance(sessions, slots, codes)
 
     @torch.no_grad()
     def step(self, sessions: list[Session]) -> list[FrameResult]:
         """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each."""
         if not sessions:
             return []
-        if len({id(s) for s in sessions}) != len(sessions):
-            raise EngineError("a session appears twice in one step")
-        previous = []
+        self._check_distinct(sessions)
         for session in sessions:
-            if session.released or session.finished or session.last_codes is None:
+            if session.released or session.finished or not session.prefilled:
                 raise EngineError("step needs prefilled, unfinished, unreleased sessions")
-            previous.append(session.last_codes)
-        text = torch.stack([s.text_element() for s in sessions])
-        # One host-to-device copy for the per-row integers (position, slot, frames so far).
-        meta = torch.tensor([[s.position, s.slot, s.frames_emitted] for s in sessions], dtype=torch.int64).to(
-            self.device
+        # One host-to-device copy for the per-row integers.
+        meta = torch.tensor(
+            [
+                [s.position for s in sessions],
+                [s.slot for s in sessions],
+                [s.frames_emitted for s in sessions],
+                [self._uniform_index(s) for s in sessions],
+            ],
+            dtype=torch.int64,
         )
-        positions, slots = meta[:, 0], meta[:, 1]
-        rows = self._rows(sessions, meta[:, 2])
+        positions, slots, frames_generated, uniform_rows = meta.to(self.device)
+        text = torch.stack([s.text_element() for s in sessions])
+        rows = self._rows(sessions, slots, frames_generated, uniform_rows)
+        previous = self._last_codes.index_select(0, slots)
         codes = self.frame_backend.decode_frames(
-            self.talker, self.predictor, self.cache, torch.stack(previous), text, positions, slots, rows
+            self.talker, self.predictor, self.cache, previous, text, positions, slots, rows
         )
         for session in sessions:
             session.position += 1
-        return self._advance(sessions, codes)
+        return self._advance(sessions, slots, codes)
 
     def decode_packet(self, session: Session, frames: Tensor) -> bytes:
         """Frames [n, 16] -> PCM16 LE, continuing the session's codec stream."""
@@ -348,27 +390,56 @@ class VoiceDesignEngine:
         finally:
             self.release(session)
 
-    def _rows(self, sessions: list[Session], frames_generated: Tensor) -> FrameRows:
+    @staticmethod
+    def _check_distinct(sessions: list[Session]) -> None:
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise EngineError("a session appears twice in one batch")
+
+    def _uniform_index(self, session: Session) -> int:
+        """The row of `_uniforms` holding the uniforms of the session's next frame (a new block is drawn
+        from its generator first when that frame starts one)."""
+        block, frame = UNIFORM_BLOCK_FRAMES, session.frames_emitted
+        start = session.slot * block
+        if frame % block == 0:
+            self._uniforms[start : start + block].copy_(session.draw_uniform_block())
+        return start + frame % block
+
+    def _rows(
+        self, sessions: list[Session], slots: Tensor, frames_generated: Tensor, uniform_rows: Tensor
+    ) -> FrameRows:
+        key = tuple(sessions)
+        if self._sampling is None or self._sampling[0] != key:  # Session compares by identity
+            self._sampling = (
+                key,
+                SamplingRows.cat([s.talker_sampling for s in sessions]),
+                SamplingRows.cat([s.predictor_sampling for s in sessions]),
+            )
         return FrameRows(
-            uniforms=torch.stack([s.draw_uniforms() for s in sessions]),
-            cb0_history=torch.stack([s.cb0_history for s in sessions]),
+            uniforms=self._uniforms.index_select(0, uniform_rows),
+            cb0_history=self._cb0_history.index_select(0, slots),
             frames_generated=frames_generated,
-            talker_sampling=SamplingRows.cat([s.talker_sampling for s in sessions]),
-            predictor_sampling=SamplingRows.cat([s.predictor_sampling for s in sessions]),
+            talker_sampling=self._sampling[1],
+            predictor_sampling=self._sampling[2],
         )
 
-    def _advance(self, sessions: list[Session], codes: Tensor) -> list[FrameResult]:
+    def _advance(self, sessions: list[Session], slots: Tensor, codes: Tensor) -> list[FrameResult]:
+        """Record the batch's new frames codes [B, 16]: each row's cb0 into its slot's history and its codes
+        as the slot's last frame, then the results from one copy to the host.
+
+        Rows that drew EOS are recorded too (their session ends, and the next session opened on the slot
+        clears its history), so the two updates are one device op each, with no host round trip first.
+        """
+        self._cb0_history.index_put_((slots, codes[:, 0]), self._true)
+        self._last_codes.index_copy_(0, slots, codes)
+        host = codes.to("cpu", copy=True)  # a copy on CPU too: `codes` may be the backend's buffer
         eos = self.config.talker.codec_eos_token_id
         results = []
-        for session, frame, on_device in zip(sessions, codes.cpu(), codes, strict=True):
-            cb0 = int(frame[0])
+        for session, frame, cb0 in zip(sessions, host.unbind(), host[:, 0].tolist(), strict=True):
             if cb0 == eos:
                 session.finish_reason = "stop"
                 results.append(FrameResult(None, "stop"))
                 continue
             session.frames_emitted += 1
-            session.cb0_history[cb0] = True
-            session.last_codes = on_device
             if session.frames_emitted >= session.request.max_frames:
                 session.finish_reason = "length"
             results.append(FrameResult(frame, session.finish_reason))

@@ -11,16 +11,19 @@ engine/kernels (ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write,
 attention over each row's live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for
 products of fewer than `mode.gemm_min_rows` rows. Larger products run on cuBLAS (F.linear, bf16
 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8 rows on
-(kernel-bench.json), while cuBLAS streams them once. The prompt of a prefill runs on the same kernels,
-one row per prompt token. Modes (runtime/modes.py) differ only in the GEMV weights: bf16 (exact) or
-8-bit (fast).
+(kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
+of all the sessions prefilled together are the rows of one pass, one row per token
+(`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of
+the batch's bucket. Modes (runtime/modes.py) differ only in the GEMV weights: bf16 (exact) or 8-bit
+(fast).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
 not bit-identical to the torch model (`step.EagerFrameBackend`, which is the CPU engine and is bit-exact
 against the official package). A replay is bit-identical to the same kernels run eagerly
 (`KernelFrameBackend`), and each bucket's shapes are fixed, so the choice of GEMV or cuBLAS is made once
-per graph: a session's codes can differ between buckets (deterministic per bucket, not batch invariant).
+per graph: a session's codes can differ between buckets (deterministic per bucket, not batch invariant),
+and with the prompts prefilled alongside it (cuBLAS picks its kernels by the pass's total row count).
 
 The fused bf16 qkv and gate/up matrices are made once and the model's own q/k/v and gate/up parameters
 are re-pointed at row slices of them, so a backend adds only its 8-bit copies (fast) to the footprint.
@@ -53,6 +56,10 @@ if TYPE_CHECKING:
 
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
+PREFILL_ROWS = 8192
+"""Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
+on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
+for 8192 rows over 4096 positions of the real model)."""
 
 
 @dataclass(frozen=True)
@@ -195,12 +202,36 @@ class KernelFrame:
         self.predictor_shape = (len(predictor.layers), pc.num_key_value_heads, self.groups + 1, pc.head_dim)
 
     def prefill_hidden(self, prompt: Tensor, slot: Tensor, cache: KVCache) -> Tensor:
-        """The prompt [L, H] into cache slot `slot` [1] on the kernels: one row per token at positions
-        0..L-1 (each row attends over its own prefix); returns the last token's post-norm hidden [1, H]."""
-        length = prompt.shape[0]
-        positions = torch.arange(length, device=prompt.device)
-        slots = slot.expand(length).contiguous()
-        return self.talker_hidden(prompt.clone(), positions, slots, cache)[-1:]
+        """One prompt [L, H] into cache slot `slot` [1]: its last token's post-norm hidden [1, H]."""
+        return self.prefill_hidden_many([prompt], slot, cache)
+
+    def prefill_hidden_many(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
+        """B prompts (prompts[i] [L_i, H] into cache slot slots[i], at positions 0..L_i-1) as the rows of
+        one pass, one row per token; returns each prompt's last-token post-norm hidden [B, H].
+
+        Rows of different slots do not interact: each layer writes every row's K/V before its attention
+        reads any, and attention reads each row's own slot up to the row's position, so a row sees exactly
+        its own prompt's prefix. Passes hold whole prompts of at most `PREFILL_ROWS` rows in all.
+        """
+        hidden = []
+        start = 0
+        while start < len(prompts):
+            stop, rows = start + 1, prompts[start].shape[0]
+            while stop < len(prompts) and rows + prompts[stop].shape[0] <= PREFILL_ROWS:
+                rows += prompts[stop].shape[0]
+                stop += 1
+            hidden.append(self._prompt_pass(prompts[start:stop], slots[start:stop], cache))
+            start = stop
+        return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
+
+    def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
+        lengths = [p.shape[0] for p in prompts]
+        device = prompts[0].device
+        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
+        ends = (torch.tensor(lengths).cumsum(0) - 1).to(device)
+        row_slots = slots.repeat_interleave(torch.tensor(lengths, device=device), output_size=sum(lengths))
+        # torch.cat copies: the pass updates its residual stream in place.
+        return self.talker_hidden(torch.cat(prompts), positions, row_slots, cache).index_select(0, ends)
 
     def talker_hidden(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
         """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
@@ -266,6 +297,7 @@ class KernelFrame:
         return self.codec_head(hidden).float()
 
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
+        """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (`step.complete_frames`)."""
         logits = self.logits(hidden)
         cb0 = ops.sample_talker(
             logits,
@@ -314,16 +346,16 @@ class KernelFrameBackend:
     ) -> Tensor:
         return self.frame.decode_frames(cache, previous_codes, text, positions, slots, rows)
 
-    def prefill_frame(
+    def prefill_frames(
         self,
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
-        prompt: Tensor,
-        slot: Tensor,
+        prompts: list[Tensor],
+        slots: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        return self.frame.complete_frames(self.frame.prefill_hidden(prompt, slot, cache), rows)
+        return self.frame.complete_frames(self.frame.prefill_hidden_many(prompts, slots, cache), rows)
 
 
 def _sampling_like(rows: SamplingRows, batch: int) -> SamplingRows:
@@ -338,14 +370,19 @@ def _sampling_like(rows: SamplingRows, batch: int) -> SamplingRows:
 
 def _copy_sampling(dst: SamplingRows, src: SamplingRows, n: int) -> None:
     for name in ("greedy", "temperature", "top_k", "top_p", "repetition_penalty"):
-        target, source = getattr(dst, name), getattr(src, name)
-        target[:n].copy_(source, non_blocking=True)
-        target[n:].copy_(source[:1].expand(target.shape[0] - n), non_blocking=True)
+        getattr(dst, name)[:n].copy_(getattr(src, name))
 
 
 @dataclass
 class _Static:
-    """One bucket's input buffers, its graph and its output."""
+    """One bucket's input buffers, its graph and its output.
+
+    A call fills rows [:n]; rows [n:] are padding. A padded row must run on the scratch slot at position 0,
+    so those two inputs are reset for it; its other inputs only have to be valid values, and keep what the
+    last call that used the row (or the allocation) put there: their outputs are dropped. The sampling rows
+    are copied only when the batch's sessions change (`sampling` holds the objects last copied; the engine
+    reuses them while its batch stays the same, and never changes their values).
+    """
 
     rows: FrameRows
     previous_codes: Tensor
@@ -355,6 +392,7 @@ class _Static:
     hidden: Tensor
     graph: torch.cuda.CUDAGraph | None = None
     out: Tensor | None = None
+    sampling: tuple[SamplingRows, SamplingRows] | None = None
 
     @classmethod
     def allocate(
@@ -379,27 +417,30 @@ class _Static:
 
     def load_rows(self, rows: FrameRows, n: int) -> None:
         mine = self.rows
-        mine.uniforms[:n].copy_(rows.uniforms, non_blocking=True)
-        mine.uniforms[n:].fill_(0.5)
-        mine.cb0_history[:n].copy_(rows.cb0_history, non_blocking=True)
-        mine.cb0_history[n:].zero_()
-        mine.frames_generated[:n].copy_(rows.frames_generated, non_blocking=True)
-        mine.frames_generated[n:].zero_()
-        _copy_sampling(mine.talker_sampling, rows.talker_sampling, n)
-        _copy_sampling(mine.predictor_sampling, rows.predictor_sampling, n)
+        mine.uniforms[:n].copy_(rows.uniforms)
+        mine.cb0_history[:n].copy_(rows.cb0_history)
+        mine.frames_generated[:n].copy_(rows.frames_generated)
+        loaded = self.sampling
+        if (
+            loaded is None
+            or loaded[0] is not rows.talker_sampling
+            or loaded[1] is not rows.predictor_sampling
+        ):
+            _copy_sampling(mine.talker_sampling, rows.talker_sampling, n)
+            _copy_sampling(mine.predictor_sampling, rows.predictor_sampling, n)
+            self.sampling = (rows.talker_sampling, rows.predictor_sampling)
 
     def load_step(
         self, previous: Tensor, text: Tensor, positions: Tensor, slots: Tensor, scratch: int
     ) -> None:
         n = previous.shape[0]
-        self.previous_codes[:n].copy_(previous, non_blocking=True)
-        self.previous_codes[n:].zero_()
-        self.text[:n].copy_(text, non_blocking=True)
-        self.text[n:].zero_()
-        self.positions[:n].copy_(positions, non_blocking=True)
-        self.positions[n:].zero_()
-        self.slots[:n].copy_(slots, non_blocking=True)
-        self.slots[n:].fill_(scratch)
+        self.previous_codes[:n].copy_(previous)
+        self.text[:n].copy_(text)
+        self.positions[:n].copy_(positions)
+        self.slots[:n].copy_(slots)
+        if n < self.slots.shape[0]:
+            self.positions[n:].zero_()
+            self.slots[n:].fill_(scratch)
 
 
 class GraphFrameBackend:
@@ -436,54 +477,71 @@ class GraphFrameBackend:
         rows: FrameRows,
     ) -> Tensor:
         batch = previous_codes.shape[0]
-        bucket = self.bucket(batch)
-        if bucket is None:
+        top = self.buckets[-1]
+        if batch > top:
             return torch.cat(
                 [
                     self.decode_frames(
                         talker,
                         predictor,
                         cache,
-                        previous_codes[i : i + self.buckets[-1]],
-                        text[i : i + self.buckets[-1]],
-                        positions[i : i + self.buckets[-1]],
-                        slots[i : i + self.buckets[-1]],
-                        _slice_rows(rows, i, i + self.buckets[-1]),
-                    )
-                    for i in range(0, batch, self.buckets[-1])
+                        previous_codes[i : i + top],
+                        text[i : i + top],
+                        positions[i : i + top],
+                        slots[i : i + top],
+                        _slice_rows(rows, i, i + top),
+                    ).clone()  # the next chunk's replay may overwrite this output
+                    for i in range(0, batch, top)
                 ]
             )
-        static = self._decode_static(bucket, cache, rows, text)
-        scratch = cache.k.shape[1] - 1
-        static.load_step(previous_codes, text, positions, slots, scratch)
+        static = self._decode_static(self._bucket_of(batch), cache, rows, text)
+        static.load_step(previous_codes, text, positions, slots, cache.k.shape[1] - 1)
         static.load_rows(rows, batch)
         assert static.graph is not None and static.out is not None
         static.graph.replay()
-        return static.out[:batch].clone()
+        return static.out[:batch]
 
-    def prefill_frame(
+    def prefill_frames(
         self,
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
-        prompt: Tensor,
-        slot: Tensor,
+        prompts: list[Tensor],
+        slots: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        hidden = self.frame.prefill_hidden(prompt, slot, cache)
-        static = self._complete_static(1, rows, hidden)
-        static.hidden.copy_(hidden)
-        static.load_rows(rows, 1)
+        return self._complete_frames(self.frame.prefill_hidden_many(prompts, slots, cache), rows)
+
+    def _complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
+        """Frame 0 of B prefilled sessions from their hidden [B, H], on the complete-frames graph of the
+        smallest bucket that holds them (padded rows complete a frame nobody reads)."""
+        batch = hidden.shape[0]
+        top = self.buckets[-1]
+        if batch > top:
+            return torch.cat(
+                [
+                    self._complete_frames(hidden[i : i + top], _slice_rows(rows, i, i + top)).clone()
+                    for i in range(0, batch, top)
+                ]
+            )
+        static = self._complete_static(self._bucket_of(batch), rows, hidden)
+        static.hidden[:batch].copy_(hidden)
+        static.load_rows(rows, batch)
         assert static.graph is not None and static.out is not None
         static.graph.replay()
-        return static.out[:1].clone()
+        return static.out[:batch]
+
+    def _bucket_of(self, batch: int) -> int:
+        bucket = self.bucket(batch)
+        assert bucket is not None
+        return bucket
 
     # Capture ------------------------------------------------------------------------------------------
     def capture_all(self, cache: KVCache, template: FrameRows, text: Tensor) -> None:
-        """Capture every bucket now (server start), instead of on first use."""
+        """Capture every bucket's frame and complete-frames graphs now (server start), not on first use."""
         for bucket in self.buckets:
             self._decode_static(bucket, cache, template, text)
-        self._complete_static(1, template, text[:1])
+            self._complete_static(bucket, template, text[:1])
 
     def _decode_static(self, bucket: int, cache: KVCache, template: FrameRows, like: Tensor) -> _Static:
         if self._cache_ptr is None:

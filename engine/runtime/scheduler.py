@@ -1,13 +1,13 @@
 """The engine thread: one worker owns the engine and advances every active request one frame per step.
 
-Each loop iteration (1) retires cancelled requests, (2) starts newly admitted ones and sends their first
-frame as a 1-frame packet ahead of everything else (first-frame priority: a newcomer never waits for the
-batch), then (3) runs one batched ``step`` over every session whose output queue has room. A session whose
-queue is full skips steps until its consumer drains it (backpressure), so a slow client slows only itself
-and the worker never blocks on I/O. The packets that fall due in one step (several sessions completing a
-packet, or ending, on the same frame) are decoded by one ``decode_packets`` call, which batches them on
-CUDA (one codec graph replay) and decodes each session alone on CPU (engine.py says why), each continuing
-its own codec stream state.
+Each loop iteration (1) retires cancelled requests, (2) starts newly admitted ones, prefills them together
+in one ``prefill_many`` call and sends their first frames as 1-frame packets ahead of everything else
+(first-frame priority: a newcomer never waits for the batch), then (3) runs one batched ``step`` over
+every session whose output queue has room. A session whose queue is full skips steps until its consumer
+drains it (backpressure), so a slow client slows only itself and the worker never blocks on I/O. The
+packets that fall due in one step (several sessions completing a packet, or ending, on the same frame) are
+decoded by one ``decode_packets`` call, which batches them on CUDA (one codec graph replay) and decodes
+each session alone on CPU (engine.py says why), each continuing its own codec stream state.
 
 Consumers (the HTTP layer, other threads) talk to the worker only through a ``RequestHandle``: ``poll``
 never blocks, ``cancel`` is idempotent, and a ``notify`` callback tells them when to poll again. Slots are
@@ -43,7 +43,7 @@ class FrameEngine(Protocol):
 
     def start_session(self, request: SynthesisRequest) -> Any: ...
 
-    def prefill(self, session: Any) -> FrameResult: ...
+    def prefill_many(self, sessions: list[Any]) -> list[FrameResult]: ...
 
     def step(self, sessions: list[Any]) -> list[FrameResult]: ...
 
@@ -194,6 +194,7 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self._incoming: list[RequestHandle] = []
         self._admitting: list[RequestHandle] = []  # taken from _incoming, not yet started (worker only)
+        self._starting: list[tuple[RequestHandle, Any]] = []  # started, not yet prefilled (worker only)
         self._active: list[_Job] = []
         self._used = 0
         self._closing = False
@@ -242,8 +243,7 @@ class Scheduler:
                     break
                 self._retire_cancelled()
                 self._admitting = admitted
-                while self._admitting:
-                    self._admit(self._admitting.pop(0))
+                self._admit()
                 ready = self._ready_jobs()
                 if ready:
                     self._step(ready)
@@ -279,39 +279,63 @@ class Scheduler:
         for job, failure in cancelled:
             self._retire(job, failure)
 
-    def _admit(self, handle: RequestHandle) -> None:
-        metrics = handle.metrics
-        started = time.perf_counter_ns()
-        metrics.queue_microseconds = (started - handle.enqueued_ns) // 1000
-        if handle._cancel is not None:
-            self._finish(handle, None, handle._cancel)
+    def _admit(self) -> None:
+        """Start every request taken from the queue, prefill the started ones in one batched call and send
+        their first frames (one ``decode_packets`` call for them all).
+
+        Each request fails alone as before: an invalid one is rejected by ``start_session``, and a failed
+        batched prefill fails each of its requests as a failed start did. ``prefill_microseconds`` is the
+        admission's time, from its first ``start_session`` to the end of the prefill, for each request.
+        """
+        started_ns = time.perf_counter_ns()
+        while self._admitting:
+            handle = self._admitting.pop(0)
+            handle.metrics.queue_microseconds = (started_ns - handle.enqueued_ns) // 1000
+            if handle._cancel is not None:
+                self._finish(handle, None, handle._cancel)
+                continue
+            try:
+                self._starting.append((handle, self.engine.start_session(handle.request)))
+            except Exception as error:
+                self._fail_start([(handle, None)], error)
+        started = self._starting
+        if not started:
             return
-        session: Any = None
         try:
-            session = self.engine.start_session(handle.request)
-            result = self.engine.prefill(session)
-        except InvalidRequestError as error:
-            self._finish(handle, session, Failed("invalid_request", str(error)))
-            return
-        except Exception as error:
-            if is_backend_failure(error):
-                self._finish(
-                    handle,
-                    session,
-                    Failed("backend_unavailable", f"the engine failed: {type(error).__name__}"),
+            results = self.engine.prefill_many([session for _, session in started])
+            if len(results) != len(started):
+                raise RuntimeError(
+                    f"prefill_many returned {len(results)} results for {len(started)} sessions"
                 )
-                raise
-            logger.exception("engine start failed")
-            self._finish(
-                handle, session, Failed("internal_error", f"engine start failed: {type(error).__name__}")
-            )
+        except Exception as error:
+            self._starting = []
+            self._fail_start(started, error)
             return
-        elapsed = (time.perf_counter_ns() - started) / 1000
-        metrics.prefill_microseconds = int(elapsed)
-        metrics.talker_gpu_microseconds += elapsed
-        job = _Job(handle, session)
-        self._active.append(job)
-        self._take([(job, result)], target=1)  # decoded and sent now: a newcomer never waits for the batch
+        self._starting = []
+        elapsed = (time.perf_counter_ns() - started_ns) / 1000
+        taken = []
+        for (handle, session), result in zip(started, results, strict=True):
+            handle.metrics.prefill_microseconds = int(elapsed)
+            handle.metrics.talker_gpu_microseconds += elapsed
+            job = _Job(handle, session)
+            self._active.append(job)
+            taken.append((job, result))
+        self._take(taken, target=1)  # decoded and sent now: a newcomer never waits for the batch
+
+    def _fail_start(self, failed: list[tuple[RequestHandle, Any]], error: Exception) -> None:
+        """End the requests whose start or prefill raised `error`; a device fault is re-raised (it ends
+        the worker)."""
+        if isinstance(error, InvalidRequestError):
+            outcome = Failed("invalid_request", str(error))
+        elif is_backend_failure(error):
+            outcome = Failed("backend_unavailable", f"the engine failed: {type(error).__name__}")
+        else:
+            logger.exception("engine start failed for %d request(s)", len(failed))
+            outcome = Failed("internal_error", f"engine start failed: {type(error).__name__}")
+        for handle, session in failed:
+            self._finish(handle, session, outcome)
+        if is_backend_failure(error):
+            raise error
 
     def _step(self, jobs: list[_Job]) -> None:
         started = time.perf_counter_ns()
@@ -451,6 +475,9 @@ class Scheduler:
             self._closed = True
             leftovers, self._incoming = self._admitting + self._incoming, []
             self._admitting = []
+        starting, self._starting = self._starting, []
+        for handle, session in starting:
+            self._finish(handle, session, failure)
         for job in list(self._active):
             self._retire(job, failure)
         for handle in leftovers:

@@ -22,14 +22,18 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class Session:
-    """Cache slot, talker position, RNG, cb0 history, last frame, text stream, frame count, codec state.
+    """Cache slot, talker position, RNG, text stream, frame count, codec state.
+
+    The last frame's codes, the cb0 history and the uniforms of the current block live in the engine's
+    per-slot device buffers (engine.py), which each batched call updates in place.
 
     The generator is a CPU `torch.Generator` seeded with `request.seed`; every frame takes
     `UNIFORMS_PER_FRAME` float64 uniforms from it (cb0 first, then cb1..cb15), so the draw order is:
     frame 0's cb0, frame 0's 15 predictor draws, frame 1's cb0, ... They are drawn `UNIFORM_BLOCK_FRAMES`
-    frames at a time and moved to `device` in one copy: the CPU generator's float64 stream does not depend
-    on how it is split into calls, so the values are the same as drawing frame by frame (a seeded request
-    gives the same tokens on every device), and a GPU step does no per-frame host-to-device copy for them.
+    frames at a time (`draw_uniform_block`) and moved to the device in one copy, into the engine's
+    per-slot block: the CPU generator's float64 stream does not depend on how it is split into calls, so
+    the values are the same as drawing frame by frame (`draw_uniforms`; a seeded request gives the same
+    tokens on every device), and a GPU step does no per-frame host-to-device copy for them.
     """
 
     request: SynthesisRequest
@@ -41,13 +45,11 @@ class Session:
     tts_pad: Tensor  # [H]: the text-stream element once the trailing text is used up
     talker_sampling: SamplingRows
     predictor_sampling: SamplingRows
-    cb0_history: Tensor  # [talker vocab] bool: every cb0 emitted so far (repetition penalty)
     generator: torch.Generator
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     codec_state: CodecStreamState | None = None
     position: int = 0  # talker position of the next input token
     frames_emitted: int = 0
-    last_codes: Tensor | None = None  # LongTensor[16] of the last emitted frame
     finish_reason: FinishReason | None = None
     released: bool = False
     _uniforms: Tensor | None = None  # [UNIFORM_BLOCK_FRAMES, 16] float64 on `device`, drawn ahead
@@ -61,13 +63,17 @@ class Session:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def draw_uniform_block(self) -> Tensor:
+        """The next `UNIFORM_BLOCK_FRAMES` frames' uniforms in [0, 1): [frames, 16] float64 on the CPU."""
+        return torch.rand(
+            UNIFORM_BLOCK_FRAMES, UNIFORMS_PER_FRAME, generator=self.generator, dtype=torch.float64
+        )
+
     def draw_uniforms(self) -> Tensor:
-        """The next frame's 16 uniforms in [0, 1), float64, on the session's device."""
+        """The next frame's 16 uniforms in [0, 1), float64, on the session's device: the stream the engine
+        takes a block at a time, frame by frame."""
         if self._uniforms is None or self._uniform_row == self._uniforms.shape[0]:
-            block = torch.rand(
-                UNIFORM_BLOCK_FRAMES, UNIFORMS_PER_FRAME, generator=self.generator, dtype=torch.float64
-            )
-            self._uniforms, self._uniform_row = block.to(self.device), 0
+            self._uniforms, self._uniform_row = self.draw_uniform_block().to(self.device), 0
         row = self._uniforms[self._uniform_row]
         self._uniform_row += 1
         return row

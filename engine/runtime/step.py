@@ -56,16 +56,23 @@ def complete_frames(talker: Talker, predictor: CodePredictor, hidden: Tensor, ro
     return torch.cat([cb0.unsqueeze(1), rest], dim=1)
 
 
-def prefill_frame(
+def prefill_frames(
     talker: Talker,
     predictor: CodePredictor,
     cache: KVCache,
-    prompt: Tensor,
-    slot: Tensor,
+    prompts: list[Tensor],
+    slots: Tensor,
     rows: FrameRows,
 ) -> Tensor:
-    """Run one session's prompt [L, H] into cache slot `slot` [1] and produce frame 0: codes [1, 16]."""
-    return complete_frames(talker, predictor, prefill_hidden(talker, cache, prompt, slot), rows)
+    """Run B sessions' prompts (prompts[i] [L_i, H] into cache slot slots[i]) and produce their frame 0:
+    codes [B, 16].
+
+    Each prompt runs alone (a prompt is one product of M = L per linear, as the official model computes it,
+    see `layers.linear`); the B last-token hiddens then complete their frames in one batch, which is batch
+    invariant on CPU (tests/unit/test_engine_loop.py).
+    """
+    hidden = torch.cat([prefill_hidden(talker, cache, p, slots[i : i + 1]) for i, p in enumerate(prompts)])
+    return complete_frames(talker, predictor, hidden, rows)
 
 
 def prefill_hidden(talker: Talker, cache: KVCache, prompt: Tensor, slot: Tensor) -> Tensor:
@@ -105,7 +112,8 @@ class FrameBackend(Protocol):
     """What `VoiceDesignEngine` calls to compute frames; a CUDA-graph backend replaces the eager one.
 
     scratch_slots: cache slots the backend needs beyond the engine's sessions (the engine never hands
-    them out).
+    them out). The codes both entries return may be a buffer that the backend's next call overwrites (a
+    graph's output): the caller copies what it keeps before calling again.
     """
 
     scratch_slots: int
@@ -122,13 +130,13 @@ class FrameBackend(Protocol):
         rows: FrameRows,
     ) -> Tensor: ...
 
-    def prefill_frame(
+    def prefill_frames(
         self,
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
-        prompt: Tensor,
-        slot: Tensor,
+        prompts: list[Tensor],
+        slots: Tensor,
         rows: FrameRows,
     ) -> Tensor: ...
 
@@ -138,4 +146,4 @@ class EagerFrameBackend:
 
     scratch_slots = 0
     decode_frames = staticmethod(decode_frames)
-    prefill_frame = staticmethod(prefill_frame)
+    prefill_frames = staticmethod(prefill_frames)

@@ -216,9 +216,10 @@ def measure_single(engine: Any, frames: int, runs: int) -> dict[str, Any]:
 
 
 def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> dict[str, Any]:
-    """Lockstep: all streams arrive at t0, are prefilled in turn, then stepped together; 1-frame first
-    packet, then 4-frame packets; the packets due after a step are decoded in one `decode_packets` call
-    (batched across sessions). Per-stream RTF counts from t0."""
+    """Lockstep: all streams arrive at t0 and are prefilled in one `prefill_many` call (their first packets
+    decoded in one `decode_packets` call), then stepped together; 1-frame first packet, then 4-frame
+    packets; the packets due after a step are decoded in one `decode_packets` call (batched across
+    sessions). Per-stream RTF counts from t0."""
     import torch
 
     sessions = [engine.start_session(make_request(frames, seed=1000 + i)) for i in range(streams)]
@@ -253,14 +254,12 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
 
     truncated = False
     try:
-        active: list[int] = []
-        for index, session in enumerate(sessions):
-            result = engine.prefill(session)
+        first = engine.prefill_many(sessions)
+        for index, result in enumerate(first):
             if result.codes is not None:
                 buffers[index].append(result.codes)
-            flush([(index, result.finish_reason is not None)])
-            if result.finish_reason is None:
-                active.append(index)
+        flush([(index, result.finish_reason is not None) for index, result in enumerate(first)])
+        active = [index for index, result in enumerate(first) if result.finish_reason is None]
         steps = 0
         while active:
             if time.perf_counter() > deadline:

@@ -237,3 +237,92 @@ def test_fast_mode_agreement_is_reported(engine: VoiceDesignEngine, report_dir: 
         }
     (report_dir / "fast-mode-agreement.json").write_text(json.dumps(out, indent=2))
     print(out)
+
+
+BATCHED = [
+    greedy(seed=0, frames=16),
+    replace(greedy(seed=1, frames=16), text="Hello there, how are you today?"),
+    replace(greedy(seed=2, frames=16), talker_sampling=TalkerSampling()),
+    replace(greedy(seed=3, frames=16), text="One.", talker_sampling=TalkerSampling(temperature=1.3)),
+]
+"""Four sessions of different prompt lengths, greedy and sampled: bucket 4 with no padded row."""
+
+
+def run_batched(
+    engine: VoiceDesignEngine, requests: list[SynthesisRequest], leave: dict[int, int] | None = None
+) -> list[torch.Tensor]:
+    """Prefill the requests in one `prefill_many`, then step them together until each ends; session i
+    is released after `leave[i]` steps. Codes per request."""
+    sessions = [engine.start_session(r) for r in requests]
+    leave = leave or {}
+    try:
+        results = engine.prefill_many(sessions)
+        frames: list[list[torch.Tensor]] = [[r.codes] for r in results if r.codes is not None]
+        active = list(range(len(sessions)))
+        steps = 0
+        while active:
+            active = [i for i in active if not sessions[i].finished and leave.get(i, -1) != steps]
+            results = engine.step([sessions[i] for i in active])
+            steps += 1
+            for i, result in zip(active, results, strict=True):
+                if result.codes is not None:
+                    frames[i].append(result.codes)
+    finally:
+        for s in sessions:
+            engine.release(s)
+    return [torch.stack(f) for f in frames]
+
+
+def test_batched_prefill_replays_the_eager_kernels(engine: VoiceDesignEngine, report_dir: Path) -> None:
+    """Exact mode: `prefill_many` (all prompts as rows of one kernel pass, frame 0 on the complete-frames
+    graph of bucket 4) and the steps after it equal the same kernels run eagerly, bit for bit; each
+    prompt's last hidden from the batched pass stays within LOGIT_TOLERANCE (talker logits, relative L2) of
+    its single-prompt pass (cuBLAS rounds a product of M = all rows differently from M = one prompt)."""
+    eager_engine = fresh_engine(engine)
+    eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
+    eager = run_batched(eager_engine, BATCHED)
+    graphed_engine, undo = with_backend(engine)
+    try:
+        graphed = run_batched(graphed_engine, BATCHED)
+    finally:
+        undo()
+    for index, (e, g) in enumerate(zip(eager, graphed, strict=True)):
+        assert first_difference(e, g) == e.shape[0] == g.shape[0], f"session {index}"
+
+    frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
+    sessions = [engine.start_session(r) for r in BATCHED]
+    try:
+        prompts = [s.prompt for s in sessions if s.prompt is not None]
+        cache = engine.talker.new_cache(len(prompts), engine.max_context)
+        slots = torch.arange(len(prompts), device=engine.device)
+        together = frame.logits(frame.prefill_hidden_many(prompts, slots, cache))
+        alone = torch.cat(
+            [frame.logits(frame.prefill_hidden(p, slots[i : i + 1], cache)) for i, p in enumerate(prompts)]
+        )
+    finally:
+        for s in sessions:
+            engine.release(s)
+    rel = ((together - alone).norm(dim=-1) / alone.norm(dim=-1)).tolist()
+    report = {
+        "prompt_lengths": [p.shape[0] for p in prompts],
+        "batched_vs_single_prompt_logit_rel_l2": rel,
+        "cb0_argmax_agreement": float((together.argmax(-1) == alone.argmax(-1)).float().mean()),
+    }
+    (report_dir / "batched-prefill.json").write_text(json.dumps(report, indent=2))
+    print(report)
+    assert max(rel) <= LOGIT_TOLERANCE, report
+
+
+def test_a_session_leaving_a_full_bucket_changes_nothing_for_the_others(engine: VoiceDesignEngine) -> None:
+    """A session leaves a full bucket after 5 steps: the others run on with a padded row in its place and
+    a new batch of sampling rows, and their codes equal those of the run where it stays (exact mode: within
+    a bucket a row does not depend on its companions)."""
+    graphed_engine, undo = with_backend(engine)
+    try:
+        stays = run_batched(graphed_engine, BATCHED)
+        leaves = run_batched(graphed_engine, BATCHED, leave={1: 5})
+    finally:
+        undo()
+    assert leaves[1].shape[0] == 6
+    for index in (0, 2, 3):
+        assert torch.equal(stays[index], leaves[index]), f"session {index}"

@@ -14,13 +14,17 @@ from qwen3_tts_native.engine.errors import EngineError, InvalidRequestError
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
 from qwen3_tts_native.engine.prompt import PromptPlan
+from qwen3_tts_native.engine.runtime import graphs
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+from qwen3_tts_native.engine.runtime.modes import EXACT
 from qwen3_tts_native.engine.runtime.request import (
     PredictorSampling,
     SynthesisRequest,
     TalkerSampling,
 )
+from qwen3_tts_native.engine.runtime.sampling import SamplingRows
 from qwen3_tts_native.engine.runtime.session import Session
+from qwen3_tts_native.engine.runtime.step import FrameRows
 
 ROLE = [151644, 77091, 198]
 
@@ -149,6 +153,115 @@ def test_sessions_joined_at_different_steps_equal_solo_runs(engine: VoiceDesignE
         assert expected.shape == (REQUESTS[index].max_frames, 16)
         assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
     assert engine.free_slots == 4
+
+
+def test_sessions_prefilled_together_equal_solo_runs(engine: VoiceDesignEngine) -> None:
+    """`prefill_many` runs each prompt alone and completes the frames 0 as one batch: on CPU each session's
+    codes are still exactly its solo run's, here and in the steps that follow."""
+    solo = [engine.run_to_end(engine.open_session(r, p)) for r, p in zip(REQUESTS, PLANS, strict=True)]
+    sessions = [engine.open_session(r, p) for r, p in zip(REQUESTS, PLANS, strict=True)]
+    frames: list[list[Tensor]] = [[] for _ in sessions]
+    results = engine.prefill_many(sessions)
+    active = list(range(len(sessions)))
+    while active:
+        for index, result in zip(active, results, strict=True):
+            assert result.codes is not None
+            frames[index].append(result.codes)
+        active = [i for i in active if not sessions[i].finished]
+        results = engine.step([sessions[i] for i in active])
+    for session in sessions:
+        engine.release(session)
+    for index, expected in enumerate(solo):
+        assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
+    assert engine.prefill_many([]) == []
+    twice = engine.open_session(REQUESTS[0], PLANS[0])
+    with pytest.raises(EngineError):
+        engine.prefill_many([twice, twice])
+    engine.prefill_many([twice])
+    with pytest.raises(EngineError):
+        engine.prefill_many([twice])
+    engine.release(twice)
+    assert engine.free_slots == 4
+
+
+class DirectGraph:
+    """Stands in for a captured CUDA graph on CPU: a replay runs the captured function into its output."""
+
+    def __init__(self, run: Any, out: Tensor) -> None:
+        self.run, self.out = run, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+
+
+def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) -> graphs.GraphFrameBackend:
+    """A GraphFrameBackend whose graphs are direct calls, so its buffers run on CPU: rows loaded into a
+    bucket, padded rows, batches cut into chunks, the reused output buffer."""
+    backend = graphs.GraphFrameBackend.__new__(graphs.GraphFrameBackend)
+    backend.mode, backend.buckets = EXACT, buckets
+    backend.frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
+    backend._decode, backend._complete, backend._cache_ptr = {}, {}, None
+
+    def capture(run: Any) -> tuple[Any, Tensor]:
+        out = run()
+        return DirectGraph(run, out), out
+
+    backend._capture = capture  # type: ignore[method-assign]
+    return backend
+
+
+@pytest.mark.parametrize("buckets", [(1, 2, 4), (3,)])
+def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, Tensor], buckets: tuple[int, ...]
+) -> None:
+    """The graph backend's bookkeeping around its replays, on CPU: sessions prefilled together and joining
+    and leaving a running batch (padded rows, stale padding inputs, buckets of 3 cut into chunks, sampling
+    rows reused or replaced) give each session exactly its solo codes on the eager kernel frame."""
+    eager = make_engine(tiny_voice_design_config, tiny_tensors)
+    eager.frame_backend = graphs.KernelFrameBackend(eager.talker, eager.predictor, EXACT)
+    solo = [eager.run_to_end(eager.open_session(r, p)) for r, p in zip(REQUESTS, PLANS, strict=True)]
+    engine = make_engine(tiny_voice_design_config, tiny_tensors)
+    graphs.install(engine, direct_graph_backend(engine, buckets))
+    frames: list[list[Tensor]] = [[] for _ in PLANS]
+    active: list[tuple[int, Session]] = []
+    for clock in range(40):
+        results = engine.step([s for _, s in active])
+        for (index, _), result in zip(active, results, strict=True):
+            if result.codes is not None:
+                frames[index].append(result.codes)
+        joining = [
+            (i, engine.open_session(REQUESTS[i], PLANS[i])) for i in range(4) if (0, 0, 4, 9)[i] == clock
+        ]
+        for (index, _), result in zip(joining, engine.prefill_many([s for _, s in joining]), strict=True):
+            assert result.codes is not None
+            frames[index].append(result.codes)
+        active += joining
+        for _, session in active:
+            if session.finished:
+                engine.release(session)
+        active = [(i, s) for i, s in active if not s.finished]
+    for index, expected in enumerate(solo):
+        assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
+    assert engine.free_slots == 4 and not active
+
+
+def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
+    """Rows a smaller batch leaves in a bucket go back to the scratch slot at position 0, so a padded row
+    never writes into a session's cache (its other inputs may stay stale: its outputs are dropped)."""
+    sampling = SamplingRows.single(greedy=True, temperature=1.0, top_k=0, top_p=1.0)
+    rows = FrameRows(
+        uniforms=torch.zeros(1, 16, dtype=torch.float64),
+        cb0_history=torch.zeros(1, 3072, dtype=torch.bool),
+        frames_generated=torch.zeros(1, dtype=torch.int64),
+        talker_sampling=sampling,
+        predictor_sampling=sampling,
+    )
+    static = graphs._Static.allocate(4, rows, 8, torch.float32, scratch=9)
+    codes, text = torch.ones(4, 16, dtype=torch.int64), torch.ones(4, 8)
+    static.load_step(codes, text, torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 2, 3]), scratch=9)
+    assert static.slots.tolist() == [0, 1, 2, 3] and static.positions.tolist() == [5, 6, 7, 8]
+    static.load_step(codes[:2], text[:2], torch.tensor([1, 2]), torch.tensor([3, 0]), scratch=9)
+    assert static.slots.tolist() == [3, 0, 9, 9] and static.positions.tolist() == [1, 2, 0, 0]
 
 
 def test_max_frames_ends_with_length(engine: VoiceDesignEngine) -> None:

@@ -164,6 +164,58 @@ def test_fast_prefill_matches_the_talker_prompt_pass_on_cpu(
     torch.testing.assert_close(cache_b.k, cache_a.k, rtol=1e-5, atol=1e-5)
 
 
+def test_fast_prefill_of_several_prompts_equals_each_prompt_alone_on_cpu(
+    tiny_voice_design_config: VoiceDesignConfig,
+    tiny_tensors: dict[str, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Several sessions' prompts as the rows of one kernel pass (each row at its own position in its own
+    slot) give each session exactly its single-prompt pass, hidden and cache (the CPU fallback is exact per
+    row), also when the pass is cut in two; their frames completed together equal those completed alone."""
+    from qwen3_tts_native.engine.runtime import graphs
+
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
+    fast = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randn(n, talker.hidden_size, generator=g) for n in (11, 4, 7)]
+    slots = torch.tensor([2, 0, 3])
+    rows = [
+        step.FrameRows(
+            uniforms=torch.rand(1, 16, generator=g, dtype=torch.float64),
+            cb0_history=torch.zeros(1, 3072, dtype=torch.bool),
+            frames_generated=torch.zeros(1, dtype=torch.int64),
+            talker_sampling=sampling.SamplingRows.single(
+                greedy=False, temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.05
+            ),
+            predictor_sampling=sampling.SamplingRows.single(
+                greedy=False, temperature=0.9, top_k=50, top_p=1.0
+            ),
+        )
+        for _ in prompts
+    ]
+    batch_rows = step.FrameRows(
+        uniforms=torch.cat([r.uniforms for r in rows]),
+        cb0_history=torch.cat([r.cb0_history for r in rows]),
+        frames_generated=torch.cat([r.frames_generated for r in rows]),
+        talker_sampling=sampling.SamplingRows.cat([r.talker_sampling for r in rows]),
+        predictor_sampling=sampling.SamplingRows.cat([r.predictor_sampling for r in rows]),
+    )
+    alone_cache = talker.new_cache(4, 32)
+    with torch.no_grad():
+        alone = torch.cat(
+            [fast.prefill_hidden(p, slots[i : i + 1], alone_cache) for i, p in enumerate(prompts)]
+        )
+        one_by_one = torch.cat([fast.complete_frames(alone[i : i + 1], r) for i, r in enumerate(rows)])
+        for budget in (graphs.PREFILL_ROWS, 12):  # 12: passes of [11] and [4, 7] rows
+            monkeypatch.setattr(graphs, "PREFILL_ROWS", budget)
+            cache = talker.new_cache(4, 32)
+            together = fast.prefill_hidden_many(prompts, slots, cache)
+            assert torch.equal(together, alone), budget
+            assert torch.equal(cache.k, alone_cache.k) and torch.equal(cache.v, alone_cache.v), budget
+            assert torch.equal(fast.complete_frames(together, batch_rows), one_by_one), budget
+
+
 def test_codec_pool_gather_scatter_equals_separate_streams(
     tiny_voice_design_config: VoiceDesignConfig,
 ) -> None:

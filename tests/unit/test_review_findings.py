@@ -118,8 +118,8 @@ class _BrokenStepEngine:
     def start_session(self, request: SynthesisRequest) -> Any:
         return self.engine.open_session(request, PLAN)
 
-    def prefill(self, session: Any) -> FrameResult:
-        return self.engine.prefill(session)
+    def prefill_many(self, sessions: list[Any]) -> list[FrameResult]:
+        return self.engine.prefill_many(sessions)
 
     def step(self, sessions: list[Any]) -> list[FrameResult]:
         raise RuntimeError("kernel exploded at frame 1")

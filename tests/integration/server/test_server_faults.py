@@ -58,8 +58,8 @@ class FaultyEngine:
             request = replace(request, max_frames=request.max_frames + self.extra_frames)
         return self.engine.start_session(request)
 
-    def prefill(self, session: Any) -> FrameResult:
-        return self.engine.prefill(session)  # type: ignore[no-any-return]
+    def prefill_many(self, sessions: list[Any]) -> list[FrameResult]:
+        return self.engine.prefill_many(sessions)  # type: ignore[no-any-return]
 
     def step(self, sessions: list[Any]) -> list[FrameResult]:
         if self.hold_steps:

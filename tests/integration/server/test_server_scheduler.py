@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 
 class RecordingEngine:
-    """Forwards to a real engine and logs ("prefill", request text) / ("step", batch size) calls."""
+    """Forwards to a real engine and logs ("prefill", request texts) / ("step", batch size) /
+    ("decode", batch size) calls."""
 
     def __init__(self, engine: VoiceDesignEngine) -> None:
         self.engine = engine
@@ -37,10 +40,10 @@ class RecordingEngine:
     def start_session(self, request: SynthesisRequest) -> Any:
         return self.engine.start_session(request)
 
-    def prefill(self, session: Any) -> FrameResult:
+    def prefill_many(self, sessions: list[Any]) -> list[FrameResult]:
         with self.lock:
-            self.calls.append(("prefill", session.request.text))
-        return self.engine.prefill(session)
+            self.calls.append(("prefill", tuple(session.request.text for session in sessions)))
+        return self.engine.prefill_many(sessions)
 
     def step(self, sessions: list[Any]) -> list[FrameResult]:
         with self.lock:
@@ -102,7 +105,7 @@ def test_batches_first_frame_priority_and_slots(recording: RecordingEngine) -> N
         packets = [e for e in stream if isinstance(e, AudioPacket)]
         assert packets[0].frame_count == 1 and [p.is_final for p in packets][-1]
     calls = [call for call in recording.calls if call[0] != "decode"]
-    second_prefill = calls.index(("prefill", "second"))
+    second_prefill = calls.index(("prefill", ("second",)))
     assert ("step", 2) in calls[second_prefill:], "the two sessions never shared a step"
     assert all(call == ("step", 1) for call in calls[1:second_prefill])
     assert scheduler.used_slots == 0
@@ -170,3 +173,69 @@ def test_packets_due_together_are_decoded_in_one_call(
     decodes = [n for call, n in engine.calls if call == "decode"]
     assert decodes.count(2) == 4  # frames 5-8, 9-12, 13-16 and the final 17-19 of "early"
     assert scheduler.used_slots == 0
+
+
+@pytest.fixture(scope="module")
+def four_slots(tiny_model: Path) -> VoiceDesignEngine:
+    return VoiceDesignEngine.load(tiny_model, max_sessions=4)
+
+
+def test_requests_waiting_together_are_prefilled_in_one_call(
+    four_slots: VoiceDesignEngine, offline_pcm: Any
+) -> None:
+    """Requests that arrive while the worker is busy start together: one ``prefill_many`` for the valid
+    ones (the invalid one is rejected alone, by ``start_session``), one decode call for their first
+    packets, and each stream's PCM is still exactly its solo synthesis."""
+    engine = PausingEngine(four_slots, after=2)
+    scheduler = Scheduler(engine, capacity=4, queue_packets=64)
+    first, a, b = request("first", 12), request("a", 9), request("b", 7)
+    bad = replace(request("bad", 5), language="klingon")
+    try:
+        handles = [scheduler.submit(first, lambda: None)]
+        assert engine.paused.wait(60)
+        handles += [scheduler.submit(r, lambda: None) for r in (a, bad, b)]
+        engine.resume.set()
+        streams = [drain(handle) for handle in handles]
+    finally:
+        engine.resume.set()
+        scheduler.close(30)
+    together = engine.calls.index(("prefill", ("a", "b")))
+    assert engine.calls[together + 1] == ("decode", 2)
+    rejected = streams.pop(2)[-1]
+    assert isinstance(rejected, Failed) and rejected.code == "invalid_request"
+    for req, stream in zip((first, a, b), streams, strict=True):
+        assert isinstance(stream[-1], Finished) and stream[-1].finish_reason == "length"
+        assert b"".join(e.pcm for e in stream if isinstance(e, AudioPacket)) == offline_pcm(req)
+    assert scheduler.used_slots == 0 and four_slots.free_slots == 4
+
+
+class FailingPrefillEngine(PausingEngine):
+    """A PausingEngine whose next ``prefill_many`` raises ``prefill_error`` (once), when one is set."""
+
+    prefill_error: Exception | None = None
+
+    def prefill_many(self, sessions: list[Any]) -> list[FrameResult]:
+        if self.prefill_error is not None:
+            error, self.prefill_error = self.prefill_error, None
+            raise error
+        return super().prefill_many(sessions)
+
+
+def test_a_failed_batched_prefill_fails_each_of_its_requests(four_slots: VoiceDesignEngine) -> None:
+    engine = FailingPrefillEngine(four_slots, after=2)
+    scheduler = Scheduler(engine, capacity=4, queue_packets=64)
+    try:
+        first = scheduler.submit(request("first", 12), lambda: None)
+        assert engine.paused.wait(60)
+        engine.prefill_error = RuntimeError("prefill exploded")
+        doomed = [scheduler.submit(request(text, 6), lambda: None) for text in ("x", "y")]
+        engine.resume.set()
+        outcomes = [drain(handle)[-1] for handle in doomed]
+        later = drain(scheduler.submit(request("later", 4), lambda: None))
+        first_events = drain(first)
+    finally:
+        engine.resume.set()
+        scheduler.close(30)
+    assert all(isinstance(o, Failed) and o.code == "internal_error" for o in outcomes), outcomes
+    assert isinstance(first_events[-1], Finished) and isinstance(later[-1], Finished)
+    assert scheduler.used_slots == 0 and four_slots.free_slots == 4
