@@ -7,7 +7,8 @@ the reference there.
 Order (as runtime/codec_graphs.install asks): `graphs.install` first, because it may grow the KV pool by
 its scratch slot; then the codec graphs, whose state pool has one row per KV slot. Both are captured
 before the engine is handed out (server start, not a request's first frame): the frame graph of every
-batch bucket, the prefill graph, and the codec graph of every (bucket, packet size).
+batch bucket, the complete-frames graph of every bucket (frame 0 after a prefill), and the codec graph of
+every (bucket, packet size).
 
 Buckets: the graph buckets are the powers of two below the engine's session count plus that count itself
 (8 sessions: 1, 2, 4, 8; 6: 1, 2, 4, 6; 16: 1, 2, 4, 8, 16), so a full engine runs in one replay with no
