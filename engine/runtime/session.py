@@ -32,8 +32,8 @@ class Session:
     frame 0's cb0, frame 0's 15 predictor draws, frame 1's cb0, ... They are drawn `UNIFORM_BLOCK_FRAMES`
     frames at a time (`draw_uniform_block`) and moved to the device in one copy, into the engine's
     per-slot block: the CPU generator's float64 stream does not depend on how it is split into calls, so
-    the values are the same as drawing frame by frame (`draw_uniforms`; a seeded request gives the same
-    tokens on every device), and a GPU step does no per-frame host-to-device copy for them.
+    the values are the same as drawing frame by frame (a seeded request gives the same tokens on every
+    device), and a GPU step does no per-frame host-to-device copy for them.
     """
 
     request: SynthesisRequest
@@ -52,8 +52,6 @@ class Session:
     frames_emitted: int = 0
     finish_reason: FinishReason | None = None
     released: bool = False
-    _uniforms: Tensor | None = None  # [UNIFORM_BLOCK_FRAMES, 16] float64 on `device`, drawn ahead
-    _uniform_row: int = 0
 
     @property
     def prefilled(self) -> bool:
@@ -68,15 +66,6 @@ class Session:
         return torch.rand(
             UNIFORM_BLOCK_FRAMES, UNIFORMS_PER_FRAME, generator=self.generator, dtype=torch.float64
         )
-
-    def draw_uniforms(self) -> Tensor:
-        """The next frame's 16 uniforms in [0, 1), float64, on the session's device: the stream the engine
-        takes a block at a time, frame by frame."""
-        if self._uniforms is None or self._uniform_row == self._uniforms.shape[0]:
-            self._uniforms, self._uniform_row = self.draw_uniform_block().to(self.device), 0
-        row = self._uniforms[self._uniform_row]
-        self._uniform_row += 1
-        return row
 
     def text_element(self) -> Tensor:
         """The text-stream vector added to the talker input that feeds frame `frames_emitted - 1`."""
