@@ -17,7 +17,16 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("bindings.cpp", "norm.cu", "rope_cache.cu", "attention.cu", "swiglu.cu", "gemv.cu", "sampling.cu")
+SOURCES = (
+    "bindings.cpp",
+    "norm.cu",
+    "rope_cache.cu",
+    "attention.cu",
+    "swiglu.cu",
+    "gemv.cu",
+    "sampling.cu",
+    "snake.cu",
+)
 HEADERS = ("common.cuh", "launchers.h")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"
 CACHE_ENV = "QWEN3_TTS_KERNEL_CACHE"

@@ -104,6 +104,15 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return layers.swiglu(gate, up)
 
 
+def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The codec's SnakeBeta of x [B, C, T] (plus a per-channel bias first, when given), from per-channel
+    e^alpha and 1 / (e^beta + 1e-9) [C]: the official expression op by op,
+    x + 1 / (e^beta + 1e-9) * sin(x * e^alpha)^2."""
+    if bias is not None:
+        x = x + bias[:, None]
+    return x + inverse_beta[:, None] * torch.sin(x * frequency[:, None]).pow(2)
+
+
 def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """bf16 weights: `layers.linear` (the model's own product). 8-bit: fp32 product of the stored codes,
     times the channel scale, plus bias, rounded once to x's dtype (what the kernel computes)."""

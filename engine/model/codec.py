@@ -9,7 +9,7 @@ The canonical computation is frame by frame: `forward(codes, state)` decodes the
 of streams as n consecutive single-frame steps (`frame`), each updating their `CodecStreamState`, and
 `decode` is a fresh state plus the same steps over all frames. The state holds, per stream:
 
-- the RoPE'd keys and values of the last `sliding_window - 1` frames of each transformer layer (a query
+- the RoPE'd key and the value of the last `sliding_window - 1` frames of each transformer layer (a query
   sees itself plus 71 earlier frames), kept oldest first, with the absolute frame position deciding which
   slots are real (slots before frame 0 are masked);
 - the last `(kernel - 1) * dilation` input samples of every causal conv (zeros at the start, which is
@@ -32,28 +32,41 @@ float32, 7e-15 in float64; 0 in bfloat16, by luck rather than by design). Agains
 which runs the whole utterance through each layer at once, the waveform agrees to float32 rounding (a few
 1e-6 on an O(1) waveform).
 
+Launch count: on a GPU a frame (~4 GFLOP) costs what its kernel launches cost, ~2-4 µs each even replayed
+as a CUDA graph, so the frame is written as few ops (about 240, from about 800): q/k/v and gate/up are one
+matrix each, with the qkv rows ordered so that one RoPE pass covers q, k and v (v at angle 0) and the new
+key and value form one cache row; the RoPE angles and the window mask are made once per frame for all
+layers; attention is one `scaled_dot_product_attention`; LayerScale and its residual one `addcmul`;
+RMSNorm is torch's fused `rms_norm`; SnakeBeta's e^alpha and 1 / (e^beta + 1e-9) are computed when the
+weights are loaded or converted, not per call, and SnakeBeta is one fused kernel on CUDA (`kernels.ops`)
+that also adds the bias of a conv right before it (cuDNN would add it in a kernel of its own); a residual
+unit's 1x1 conv and residual add are one GEMM into `x + bias`; and the state is advanced by keeping views
+of the frame's activations instead of copies (`forward` compacts them once per packet).
+
 Cost: a frame at a time is n small steps instead of one n-long pass; on CPU (one thread) one-shot decode
 of 400 frames takes about as long as streaming them in 1-frame packets (a few ms per frame at test sizes).
 
 Precision: the compute dtype is the dtype of the module's parameters: float32 by default (the engine's
 choice, since one PCM16 step is 3e-5), `module.to(torch.bfloat16)` to run like the official bf16 example.
-As in the official code, RMSNorm statistics, RoPE tables and the softmax use float32 and are cast back
-(float64 when the module is float64, which the tests use to check the streaming logic exactly). The
-waveform is returned in at least float32, because its consumer is PCM conversion. On CUDA, PyTorch runs
-float32 convolutions in TF32 by default (`torch.backends.cudnn.allow_tf32`); that flag is the caller's to
-clear when float32 accuracy is wanted.
+As in the official code, RMSNorm statistics, RoPE tables and the attention softmax use float32 (float64
+when the module is float64, which the tests use to check the streaming logic exactly). The waveform is
+returned in at least float32, because its consumer is PCM conversion. On CUDA, PyTorch runs float32
+convolutions in TF32 by default (`torch.backends.cudnn.allow_tf32`); that flag is the caller's to clear
+when float32 accuracy is wanted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import SpeechDecoderConfig
+from ..kernels import ops
 
 _CHECKPOINT_PREFIX = "decoder."
 _SNAKE_EPS = 1e-9
@@ -65,14 +78,15 @@ _CONVNEXT_LAYER_NORM_EPS = 1e-6
 class CodecStreamState:
     """Everything the decoder must remember between packets, for a batch of B independent streams.
 
-    `position[b]` is the absolute index of stream b's next frame. `keys`/`values` hold one tensor per
-    transformer layer, [B, kv_heads, sliding_window - 1, head_dim], oldest frame first. `history` maps the
-    module path of every causal conv / transposed conv to its left context, [B, channels, length].
+    `position[b]` is the absolute index of stream b's next frame. `kv` holds one tensor per transformer
+    layer, [B, kv_heads, sliding_window - 1, 2 * head_dim]: each cached frame's RoPE'd key, then its value,
+    oldest frame first. `history` maps the module path of every causal conv / transposed conv to its left
+    context, [B, channels, length]. Inside a `SpeechDecoder.forward` call the entries are views into the
+    last frame's activations; `compact` gives them their own storage again.
     """
 
     position: Tensor
-    keys: list[Tensor]
-    values: list[Tensor]
+    kv: list[Tensor]
     history: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
@@ -80,8 +94,7 @@ class CodecStreamState:
         """Stack several streams' states along the batch axis, e.g. to decode sessions together."""
         return cls(
             position=torch.cat([s.position for s in states]),
-            keys=[torch.cat(layer) for layer in zip(*(s.keys for s in states), strict=True)],
-            values=[torch.cat(layer) for layer in zip(*(s.values for s in states), strict=True)],
+            kv=[torch.cat(layer) for layer in zip(*(s.kv for s in states), strict=True)],
             history={name: torch.cat([s.history[name] for s in states]) for name in states[0].history},
         )
 
@@ -90,10 +103,42 @@ class CodecStreamState:
         pick = slice(index, index + 1)
         return CodecStreamState(
             position=self.position[pick].clone(),
-            keys=[k[pick].clone() for k in self.keys],
-            values=[v[pick].clone() for v in self.values],
+            kv=[t[pick].clone() for t in self.kv],
             history={name: h[pick].clone() for name, h in self.history.items()},
         )
+
+    def compact(self) -> None:
+        """Copy every cache and history into storage of its own, so that a state kept between packets holds
+        its own ~5 MB per stream (float32) and not also the ~7 MB of activations its entries are views of."""
+        self.kv = [t.clone(memory_format=torch.contiguous_format) for t in self.kv]
+        self.history = {
+            name: h.clone(memory_format=torch.contiguous_format) for name, h in self.history.items()
+        }
+
+
+class _Derived(nn.Module):
+    """A module with tensors computed from its parameters once rather than on every frame (non-persistent
+    buffers). `_derive` runs again after every load and every conversion (`.to()`, `.cuda()`, ...), so they
+    always follow the parameters' dtype and device, and hold what the per-call computation would give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_load_state_dict_post_hook(_rederive)
+
+    def _derive(self) -> None:
+        raise NotImplementedError
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> _Derived:
+        super()._apply(fn, recurse)
+        with torch.no_grad():
+            self._derive()
+        return self
+
+
+def _rederive(module: nn.Module, _incompatible: Any) -> None:
+    assert isinstance(module, _Derived)
+    with torch.no_grad():
+        module._derive()
 
 
 class _Streamed(nn.Module):
@@ -119,11 +164,15 @@ class CausalConv1d(_Streamed):
     def context_shape(self) -> tuple[int, int]:
         return self.conv.in_channels, self.context
 
-    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+    def forward(self, x: Tensor, state: CodecStreamState, bias: bool = True) -> Tensor:
+        """Without `bias` the conv's bias is the caller's to add (a SnakeBeta after it adds it for free)."""
         if self.context > 0:
             x = torch.cat([state.history[self.state_key], x], dim=-1)
-            state.history[self.state_key] = x[..., x.shape[-1] - self.context :].clone()
-        return self.conv(x)
+            state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
+        conv = self.conv
+        return F.conv1d(
+            x, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups
+        )
 
 
 class CausalConvTranspose1d(_Streamed):
@@ -148,27 +197,40 @@ class CausalConvTranspose1d(_Streamed):
         frames = x.shape[-1]
         if self.context > 0:
             x = torch.cat([state.history[self.state_key], x], dim=-1)
-            state.history[self.state_key] = x[..., x.shape[-1] - self.context :].clone()
+            state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
         start = self.context * self.stride
         return self.conv(x)[..., start : start + frames * self.stride]
 
 
-class SnakeBeta(nn.Module):
-    """x + sin²(x·e^alpha) / (e^beta + 1e-9), per channel; alpha and beta are stored as logs."""
+class SnakeBeta(_Derived):
+    """x + sin²(x·e^alpha) / (e^beta + 1e-9), per channel; alpha and beta are stored as logs.
+
+    `frequency` = e^alpha and `inverse_beta` = 1 / (e^beta + 1e-9) are derived once, in the parameters'
+    dtype and by the same ops the official module runs on every call, so the values are the same."""
+
+    frequency: Tensor
+    inverse_beta: Tensor
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        self.register_buffer("frequency", torch.empty(channels), persistent=False)
+        self.register_buffer("inverse_beta", torch.empty(channels), persistent=False)
+        with torch.no_grad():
+            self._derive()
 
-    def forward(self, x: Tensor) -> Tensor:
-        alpha = self.alpha.exp()[None, :, None]
-        beta = self.beta.exp()[None, :, None]
-        return x + (1.0 / (beta + _SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
+    def _derive(self) -> None:
+        self.frequency = self.alpha.exp()
+        self.inverse_beta = 1.0 / (self.beta.exp() + _SNAKE_EPS)
+
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """SnakeBeta(x + bias) with bias [C] when given: the bias of the conv before, in the same kernel."""
+        return ops.snake_beta(x, self.frequency, self.inverse_beta, bias)
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with (at least) float32 statistics, cast back before the weight multiply, as the official."""
+    """RMSNorm with (at least) float32 statistics; torch's `rms_norm`, one fused kernel on CUDA."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -176,9 +238,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        wide = x.to(_at_least_fp32(x.dtype))
-        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * wide.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class LayerScale(nn.Module):
@@ -186,67 +246,60 @@ class LayerScale(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(size))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
+    def forward(self, residual: Tensor, x: Tensor) -> Tensor:
+        """residual + scale * x, one op."""
+        return torch.addcmul(residual, self.scale, x)
 
 
 def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
 class SlidingWindowAttention(nn.Module):
-    """Multi-head attention of one frame over itself plus the cached window; RoPE, no q/k norm, no bias."""
+    """Multi-head attention of one frame over itself plus the cached window; RoPE, no q/k norm, no bias.
+
+    `qkv_proj` is the official q, k and v projections in one matrix whose output rows are grouped by KV
+    head: that head's `group` query heads, its key, its value ([kv_heads, group + 2, head_dim]). One RoPE
+    pass then covers all of them (the value rows get angle 0: cos 1, sin 0, exact), the new key and value
+    are one contiguous cache row, and a KV head's queries attend as `group` query rows over it, so grouped
+    KV heads need no repeat.
+    """
 
     def __init__(self, config: SpeechDecoderConfig, layer_index: int):
         super().__init__()
         self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
+        self.group = self.num_heads // self.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        rows = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, rows, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor, state: CodecStreamState
-    ) -> Tensor:
-        """x [B, hidden]; cos/sin [B, 1, 1, head_dim]; visible [B, 1, 1, window] (cached keys, then x's)."""
-        batch = x.shape[0]
-        q = self.q_proj(x).view(batch, self.num_heads, 1, self.head_dim)
-        k = self.k_proj(x).view(batch, self.num_kv_heads, 1, self.head_dim)
-        v = self.v_proj(x).view(batch, self.num_kv_heads, 1, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-
-        k = torch.cat([state.keys[self.layer_index], k], dim=2)
-        v = torch.cat([state.values[self.layer_index], v], dim=2)
-        state.keys[self.layer_index] = k[:, :, 1:].clone()
-        state.values[self.layer_index] = v[:, :, 1:].clone()
-
-        group = self.num_heads // self.num_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(2, 3)) * self.head_dim**-0.5
-        scores = scores.masked_fill(~visible, float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=_at_least_fp32(q.dtype)).to(q.dtype)
-        return self.o_proj((weights @ v).reshape(batch, self.num_heads * self.head_dim))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: CodecStreamState) -> Tensor:
+        """x [B, hidden]; cos/sin [B, 1, group + 2, head_dim] (`PreTransformer.rope`); mask [B, 1, 1, window]
+        additive, over the cached frames then x's."""
+        batch, group, dim = x.shape[0], self.group, self.head_dim
+        qkv = self.qkv_proj(x).view(batch, self.num_kv_heads, group + 2, dim)
+        qkv = torch.addcmul(qkv * cos, qkv.roll(dim // 2, dims=-1), sin)
+        new = qkv[:, :, group:].reshape(batch, self.num_kv_heads, 1, 2 * dim)
+        kv = torch.cat([state.kv[self.layer_index], new], dim=2)
+        state.kv[self.layer_index] = kv[:, :, 1:]
+        out = F.scaled_dot_product_attention(qkv[:, :, :group], kv[..., :dim], kv[..., dim:], attn_mask=mask)
+        return self.o_proj(out.reshape(batch, self.num_heads * dim))
 
 
 class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate and up as one matrix (`gate_up_proj`, gate rows first)."""
+
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(ops.silu_mul(gate, up))
 
 
 class TransformerLayer(nn.Module):
@@ -259,48 +312,64 @@ class TransformerLayer(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.mlp_layer_scale = LayerScale(config.hidden_size)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor, state: CodecStreamState
-    ) -> Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, visible, state))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: CodecStreamState) -> Tensor:
+        x = self.self_attn_layer_scale(x, self.self_attn(self.input_layernorm(x), cos, sin, mask, state))
+        return self.mlp_layer_scale(x, self.mlp(self.post_attention_layernorm(x)))
 
 
-class PreTransformer(nn.Module):
+class PreTransformer(_Derived):
     """latent -> hidden, sliding-window transformer layers, final norm, hidden -> latent; one frame [B, C]."""
+
+    inv_freq: Tensor
+    lag: Tensor
+    mask_values: Tensor
 
     def __init__(self, config: SpeechDecoderConfig):
         super().__init__()
         self.window = config.sliding_window
         self.head_dim = config.head_dim
+        self.group = config.num_attention_heads // config.num_key_value_heads
         self.rope_theta = config.rope_theta
         self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
         self.layers = nn.ModuleList(TransformerLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+        for name in ("inv_freq", "lag", "mask_values"):
+            self.register_buffer(name, torch.empty(0), persistent=False)
+        with torch.no_grad():
+            self._derive()
+
+    def _derive(self) -> None:
+        """inv_freq [group + 2, head_dim] in >= float32: per qkv row, the RoPE frequencies with the first
+        half negated (so sin gives rotate-half's signs), zero for the value row; lag [window]: how many
+        frames before the current one each window slot is; mask_values: (0, -inf) in the compute dtype."""
+        weight = self.input_proj.weight
+        wide = _at_least_fp32(weight.dtype)
+        exponents = torch.arange(0, self.head_dim, 2, device=weight.device).to(wide)
+        inv_freq = 1.0 / (self.rope_theta ** (exponents / self.head_dim))
+        signed = torch.cat([-inv_freq, inv_freq])
+        self.inv_freq = torch.cat([signed.expand(self.group + 1, -1), torch.zeros_like(signed)[None]])
+        self.lag = torch.arange(self.window - 1, -1, -1, device=weight.device)
+        self.mask_values = torch.tensor([0.0, float("-inf")], dtype=weight.dtype, device=weight.device)
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos/sin [B, 1, 1, head_dim] for absolute positions [B], computed in >= float32, cast."""
-        wide = _at_least_fp32(dtype)
-        exponents = torch.arange(0, self.head_dim, 2, device=positions.device).to(wide)
-        inv_freq = 1.0 / (self.rope_theta ** (exponents / self.head_dim))
-        angles = positions.to(wide)[:, None] * inv_freq
-        angles = torch.cat([angles, angles], dim=-1)[:, None, None]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        """cos and signed sin [B, 1, group + 2, head_dim] for absolute positions [B], computed in >= float32
+        and cast: q * cos + roll(q, head_dim / 2) * sin is rotate-half RoPE, and leaves the value rows."""
+        angles = positions[:, None, None] * self.inv_freq
+        return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
 
-    def visible(self, position: Tensor) -> Tensor:
-        """[B, 1, 1, window]: which of the window's frames (the cached ones, then the current one) exist,
-        i.e. are not before frame 0 (cache slots that were never filled)."""
-        offsets = torch.arange(1 - self.window, 1, device=position.device)
-        return ((position[:, None] + offsets) >= 0)[:, None, None]
+    def mask(self, position: Tensor) -> Tensor:
+        """[B, 1, 1, window] additive: -inf on the window's slots before frame 0 (never filled), else 0."""
+        visible = position[:, None] >= self.lag
+        return torch.where(visible, self.mask_values[0], self.mask_values[1])[:, None, None]
 
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
         """The frame at `state.position`: x [B, latent] -> [B, latent]."""
         cos, sin = self.rope(state.position, x.dtype)
-        visible = self.visible(state.position)
+        mask = self.mask(state.position)
         x = self.input_proj(x)
         for layer in self.layers:
-            x = layer(x, cos, sin, visible, state)
+            x = layer(x, cos, sin, mask, state)
         return self.output_proj(self.norm(x))
 
 
@@ -318,7 +387,7 @@ class ConvNeXtBlock(nn.Module):
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
         h = self.dwconv(x, state).transpose(1, 2)
         h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
-        return x + (self.gamma * h).transpose(1, 2)
+        return torch.addcmul(x, self.gamma[:, None], h.transpose(1, 2))
 
 
 class LatentUpsample(nn.ModuleList):
@@ -332,17 +401,30 @@ class LatentUpsample(nn.ModuleList):
         return convnext(upsample(x, state), state)
 
 
+class PointwiseResidual(nn.Module):
+    """residual + Conv1d(k=1)(h), as one batched GEMM accumulating into residual + bias."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim, kernel_size=1)
+
+    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        weight, bias = self.conv.weight[..., 0].expand(h.shape[0], -1, -1), self.conv.bias
+        assert bias is not None
+        return (residual + bias[:, None]).baddbmm_(weight, h)
+
+
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
         super().__init__()
         self.act1 = SnakeBeta(dim)
         self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation)
         self.act2 = SnakeBeta(dim)
-        self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
+        self.conv2 = PointwiseResidual(dim)
 
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
-        h = self.conv1(self.act1(x), state)
-        return x + self.conv2(self.act2(h), state)
+        h = self.conv1(self.act1(x), state, bias=False)
+        return self.conv2(self.act2(h, self.conv1.conv.bias), x)
 
 
 class DecoderBlock(nn.Module):
@@ -358,20 +440,23 @@ class DecoderBlock(nn.Module):
             [SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate), *units]
         )
 
-    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+    def forward(self, x: Tensor, state: CodecStreamState, bias: Tensor | None = None) -> Tensor:
+        """bias: the unadded bias of the layer before, if any (see `CausalConv1d.forward`)."""
         activation, upsample, *units = self.block
-        x = upsample(activation(x), state)
+        x = upsample(activation(x, bias), state)
         for unit in units:
             x = unit(x, state)
         return x
 
 
-class SpeechDecoder(nn.Module):
+class SpeechDecoder(_Derived):
     """The codec decoder. Submodule paths mirror the checkpoint's `decoder.*` tensor names, except the RVQ,
-    which is stored as precomputed codebook vectors (`embedding_sum / clamp(cluster_usage, 1e-5)`)."""
+    which is stored as precomputed codebook vectors (`embedding_sum / clamp(cluster_usage, 1e-5)`), and the
+    fused `qkv_proj` / `gate_up_proj` of the transformer layers (`from_tensors` concatenates them)."""
 
     first_codebook: Tensor
     rest_codebooks: Tensor
+    rest_rows: Tensor
 
     def __init__(self, config: SpeechDecoderConfig):
         super().__init__()
@@ -381,6 +466,7 @@ class SpeechDecoder(nn.Module):
         self.register_buffer(
             "rest_codebooks", torch.zeros(config.num_quantizers - 1, config.codebook_size, rvq_dim)
         )
+        self.register_buffer("rest_rows", torch.empty(0), persistent=False)
         self.first_proj = nn.Linear(rvq_dim, config.codebook_dim, bias=False)
         self.rest_proj = nn.Linear(rvq_dim, config.codebook_dim, bias=False)
 
@@ -407,13 +493,19 @@ class SpeechDecoder(nn.Module):
                 module.state_key = name
                 self.streamed_layers.append(module)
         self.requires_grad_(False)
+        self._derive()
+
+    def _derive(self) -> None:
+        """rest_rows: the codebook index of each of codes 1.. (an arange not remade every frame)."""
+        self.rest_rows = torch.arange(self.config.num_quantizers - 1, device=self.rest_codebooks.device)
 
     @classmethod
     def from_tensors(cls, config: SpeechDecoderConfig, tensors: Mapping[str, Tensor]) -> SpeechDecoder:
         """Build from the `decoder.*` tensors of speech_tokenizer/model.safetensors (real names, any dtype).
 
-        The module takes the tensors' dtype and device and shares their storage. The RVQ `input_proj` weights
-        belong to the encoding direction and are dropped; a missing or unexpected name raises.
+        The module takes the tensors' dtype and device and shares their storage, except for the fused
+        projections, which are new tensors. The RVQ `input_proj` weights belong to the encoding direction
+        and are dropped; a missing or unexpected name raises.
         """
         own = {name.removeprefix(_CHECKPOINT_PREFIX): tensor for name, tensor in tensors.items()}
         q = "quantizer.rvq_first."
@@ -427,6 +519,8 @@ class SpeechDecoder(nn.Module):
         own["rest_codebooks"] = torch.stack(rest)
         own["first_proj.weight"] = own.pop(q + "output_proj.weight").squeeze(-1)
         own["rest_proj.weight"] = own.pop(r + "output_proj.weight").squeeze(-1)
+        for i in range(config.num_hidden_layers):
+            _fuse_layer(own, f"pre_transformer.layers.{i}.", config)
         with torch.device("meta"):
             model = cls(config)
         model.load_state_dict(own, strict=True, assign=True)
@@ -436,12 +530,10 @@ class SpeechDecoder(nn.Module):
         """A state for `batch_size` streams that start at frame 0."""
         weight = self.first_proj.weight
         config = self.config
-        kv_shape = (batch_size, config.num_key_value_heads, config.sliding_window - 1, config.head_dim)
-        layers = range(config.num_hidden_layers)
+        kv_shape = (batch_size, config.num_key_value_heads, config.sliding_window - 1, 2 * config.head_dim)
         return CodecStreamState(
             position=torch.zeros(batch_size, dtype=torch.long, device=weight.device),
-            keys=[weight.new_zeros(kv_shape) for _ in layers],
-            values=[weight.new_zeros(kv_shape) for _ in layers],
+            kv=[weight.new_zeros(kv_shape) for _ in range(config.num_hidden_layers)],
             history={
                 m.state_key: weight.new_zeros(batch_size, *m.context_shape())
                 for m in self.streamed_layers
@@ -450,17 +542,23 @@ class SpeechDecoder(nn.Module):
         )
 
     @torch.no_grad()
-    def forward(self, codes: Tensor, state: CodecStreamState, clamp: bool = True) -> Tensor:
+    def forward(
+        self, codes: Tensor, state: CodecStreamState, clamp: bool = True, compact: bool = True
+    ) -> Tensor:
         """Decode the next n frames of B streams: codes [B, num_quantizers, n] -> [B, n * hop].
 
         The frames are decoded one at a time (`frame`), so the result does not depend on n. Updates `state`
-        in place (histories, caches, positions)."""
+        (histories, caches, positions) and, with `compact`, gives its entries their own storage at the end
+        (`CodecStreamState.compact`; a caller that copies the state out anyway, like a CUDA graph's
+        scatter, skips that)."""
         batch, quantizers, frames = codes.shape
         if quantizers != self.config.num_quantizers:
             raise ValueError(f"expected {self.config.num_quantizers} codebooks, got {quantizers}")
         if frames == 0:
             return torch.zeros(batch, 0, dtype=_at_least_fp32(self.first_codebook.dtype), device=codes.device)
         wave = torch.cat([self.frame(codes[..., t], state) for t in range(frames)], dim=1)
+        if compact:
+            state.compact()
         wave = wave.to(_at_least_fp32(wave.dtype))
         return wave.clamp(-1.0, 1.0) if clamp else wave
 
@@ -473,8 +571,9 @@ class SpeechDecoder(nn.Module):
         for stage in self.upsample:
             x = stage(x, state)
 
-        first_conv, *blocks, final_activation, final_conv = self.decoder
-        x = first_conv(x, state)
+        first_conv, first_block, *blocks, final_activation, final_conv = self.decoder
+        bias = cast(CausalConv1d, first_conv).conv.bias  # added by the first block's SnakeBeta
+        x = first_block(first_conv(x, state, bias=False), state, bias)
         for block in blocks:
             x = block(x, state)
         state.position = state.position + 1
@@ -485,7 +584,7 @@ class SpeechDecoder(nn.Module):
 
         codes [B, num_quantizers] (one frame) -> [B, codebook_dim]."""
         first = F.embedding(codes[:, 0], self.first_codebook)
-        rest = self.rest_codebooks[torch.arange(codes.shape[1] - 1, device=codes.device), codes[:, 1:]]
+        rest = self.rest_codebooks[self.rest_rows, codes[:, 1:]]
         return self.first_proj(first) + self.rest_proj(rest.sum(dim=1))
 
     def decode(self, codes: Tensor, clamp: bool = True) -> Tensor:
@@ -499,6 +598,19 @@ class SpeechDecoder(nn.Module):
 
         Concatenating the packets of any schedule equals `decode` of all frames bit for bit."""
         return self(codes.T[None], state, clamp)[0]
+
+
+def _fuse_layer(tensors: dict[str, Tensor], prefix: str, config: SpeechDecoderConfig) -> None:
+    """Replace one transformer layer's q/k/v and gate/up weights by `qkv_proj` (rows per KV head: its
+    query heads, key, value; see `SlidingWindowAttention`) and `gate_up_proj` (gate rows, then up)."""
+    attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    kv_heads, dim = config.num_key_value_heads, config.head_dim
+    q, k, v = (tensors.pop(f"{attn}{n}_proj.weight") for n in "qkv")
+    hidden = q.shape[1]
+    per_head = [w.view(kv_heads, -1, dim, hidden) for w in (q, k, v)]
+    tensors[attn + "qkv_proj.weight"] = torch.cat(per_head, dim=1).reshape(-1, hidden)
+    gate, up = tensors.pop(mlp + "gate_proj.weight"), tensors.pop(mlp + "up_proj.weight")
+    tensors[mlp + "gate_up_proj.weight"] = torch.cat([gate, up])
 
 
 def _codebook_vectors(tensors: dict[str, Tensor], prefix: str) -> Tensor:

@@ -1,14 +1,15 @@
 """CUDA-graph codec decode over a pool of stream states: the GPU codec backend of `VoiceDesignEngine`.
 
-Why: an eager `SpeechDecoder.forward` is ~1,000 small kernels driven from Python (about 23 ms per packet on
-the H200 in the first device run, more than the frame step itself). Here one packet of B sessions is one
-graph replay.
+Why: an eager `SpeechDecoder.forward` is a few hundred small kernels per frame driven from Python (~1,000
+before the fusions in codec.py; about 23 ms per packet on the H200 in the first device run, more than the
+frame step itself). Here one packet of B sessions is one graph replay.
 
 Layout: every state tensor of `CodecStreamState` lives once, in a pool with one row per engine cache slot
 plus a scratch row (the last). A graph is captured per (batch bucket, frames per packet); it gathers its
-rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code, unchanged), and scatters
-the updated states back, all inside the graph. Padded rows of a partly filled bucket use the scratch row,
-whose contents never matter. A session's stream starts when `reset(slot)` zeroes its row.
+rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code, unchanged; it skips
+compacting the state, which the scatter copies anyway), and scatters the updated states back, all inside
+the graph. Padded rows of a partly filled bucket use the scratch row, whose contents never matter. A
+session's stream starts when `reset(slot)` zeroes its row.
 
 Numerics: the same module code as the eager decoder on the same dtype; float32 decoders run with TF32
 disabled (`fp32_codec`), so float32 stays float32. Several sessions decoded in one batch may round
@@ -53,15 +54,16 @@ def fp32_codec() -> Iterator[None]:
 def _gather(pool: CodecStreamState, index: Tensor) -> CodecStreamState:
     return CodecStreamState(
         position=pool.position.index_select(0, index),
-        keys=[k.index_select(0, index) for k in pool.keys],
-        values=[v.index_select(0, index) for v in pool.values],
+        kv=[t.index_select(0, index) for t in pool.kv],
         history={name: h.index_select(0, index) for name, h in pool.history.items()},
     )
 
 
 def _scatter(pool: CodecStreamState, index: Tensor, state: CodecStreamState) -> None:
+    """Copy the decoded rows back; the sources may be views into the last frame's activations (the decoder
+    runs with `compact=False`, since this copy gives the pool rows their values anyway)."""
     pool.position.index_copy_(0, index, state.position)
-    for target, source in zip(pool.keys + pool.values, state.keys + state.values, strict=True):
+    for target, source in zip(pool.kv, state.kv, strict=True):
         target.index_copy_(0, index, source)
     for name, target in pool.history.items():
         target.index_copy_(0, index, state.history[name])
@@ -95,7 +97,7 @@ class CodecGraphs:
         """Start a new stream in pool row `slot` (frame 0, empty histories)."""
         pool = self.pool
         pool.position[slot] = 0
-        for tensor in [*pool.keys, *pool.values, *pool.history.values()]:
+        for tensor in [*pool.kv, *pool.history.values()]:
             tensor[slot].zero_()
 
     def decode(self, slots: list[int], codes: Tensor) -> Tensor:
@@ -141,7 +143,7 @@ class CodecGraphs:
 
         def run() -> Tensor:
             state = _gather(self.pool, index)
-            wave = self.decoder(codes, state)
+            wave = self.decoder(codes, state, compact=False)
             _scatter(self.pool, index, state)
             return wave
 

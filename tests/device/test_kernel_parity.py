@@ -11,6 +11,8 @@ Tolerances, per op:
   per element; fp32 accumulation adds ~1e-6), and no farther from float64 than the reference is.
 - linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
   against the fp32 product of the stored codes (reference.linear).
+- snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
+  CUDA's own sinf, no FMA contraction).
 """
 
 from __future__ import annotations
@@ -117,3 +119,22 @@ def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore
     assert rel(out, expected) <= 5e-3
     # batch invariance: a row computed alone equals the same row in the batch, bit for bit
     assert torch.equal(ops.linear(x[-1:], weight, bias)[0], out[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("batch,channels,length", [(1, 96, 1920), (64, 1536, 4), (3, 768, 32), (5, 192, 640)])
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
+    ext, dtype: torch.dtype, batch: int, channels: int, length: int, strided: bool, with_bias: bool
+) -> None:
+    """Shapes of the codec's SnakeBeta inputs; `strided` is a slice of a longer signal, like the trimmed
+    transposed-conv output the first residual unit of each block gets."""
+    x = torch.randn(batch, channels, length + 7, device="cuda", dtype=dtype) * 3
+    x = x[..., 3 : 3 + length] if strided else x[..., :length].contiguous()
+    frequency = (0.3 * torch.randn(channels, device="cuda")).exp().to(dtype)
+    inverse_beta = 1.0 / ((0.3 * torch.randn(channels, device="cuda")).exp() + 1e-9).to(dtype)
+    bias = (0.1 * torch.randn(channels, device="cuda")).to(dtype) if with_bias else None
+    out = ops.snake_beta(x, frequency, inverse_beta, bias)
+    assert out.is_contiguous() and out.shape == x.shape
+    assert torch.equal(out, reference.snake_beta(x, frequency, inverse_beta, bias))

@@ -13,6 +13,7 @@ of one PCM16 step), while a fixed batch is again schedule-independent bit for bi
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 from collections.abc import Iterator
@@ -242,8 +243,8 @@ def test_a_batch_of_streams_is_schedule_independent(decoder32: SpeechDecoder, co
     assert torch.equal(whole, mixed)
     assert whole_state.position.tolist() == mixed_state.position.tolist() == [135, 60]
     pairs = zip(
-        whole_state.keys + whole_state.values + list(whole_state.history.values()),
-        mixed_state.keys + mixed_state.values + list(mixed_state.history.values()),
+        whole_state.kv + list(whole_state.history.values()),
+        mixed_state.kv + list(mixed_state.history.values()),
         strict=True,
     )
     assert all(torch.equal(a, b) for a, b in pairs)
@@ -278,6 +279,32 @@ def test_bfloat16_follows_the_parameters(decoder32: SpeechDecoder, codes: Tensor
     assert one_shot.dtype == torch.float32  # the waveform is returned in at least float32
     relative = (one_shot - reference).norm() / reference.norm()
     assert relative.item() < 0.1
+
+
+def test_state_owns_its_storage_between_packets(decoder32: SpeechDecoder, codes: Tensor) -> None:
+    """Within a packet the state holds views into the frame's activations; `forward` compacts it at the
+    end, so a session kept between packets holds only its own state, not the activations around it."""
+    state = decoder32.new_stream_state()
+    decoder32.decode_stream(codes[0, :, :5].T, state)
+    for tensor in state.kv + list(state.history.values()):
+        assert tensor.is_contiguous()
+        assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+
+
+def test_derived_tensors_follow_load_and_conversion(decoder32: SpeechDecoder, codes: Tensor) -> None:
+    """What is computed from the weights once (SnakeBeta's e^alpha and 1 / (e^beta + 1e-9), the RoPE
+    frequencies, the mask values) is remade by `.to()` from the converted weights, exactly as a load of
+    those weights makes it: a converted decoder decodes bit for bit like one loaded from its state dict."""
+    converted = copy.deepcopy(decoder32).to(torch.bfloat16)
+    snake = converted.decoder[1].block[0]
+    assert snake.frequency.dtype == torch.bfloat16
+    assert torch.equal(snake.frequency, snake.alpha.exp())
+    assert torch.equal(snake.inverse_beta, 1.0 / (snake.beta.exp() + 1e-9))
+    assert converted.pre_transformer.inv_freq.dtype == torch.float32  # RoPE tables stay >= float32
+    with torch.device("meta"):
+        loaded = SpeechDecoder(decoder32.config)
+    loaded.load_state_dict(converted.state_dict(), assign=True)
+    assert torch.equal(converted.decode(codes[..., :6]), loaded.decode(codes[..., :6]))
 
 
 def test_consumes_exactly_the_real_checkpoint_tensors() -> None:

@@ -38,6 +38,21 @@ def test_norms_rope_swiglu_fall_back_exactly() -> None:
     assert torch.equal(ops.silu_mul(gate, up), layers.swiglu(gate, up))
 
 
+def test_snake_beta_falls_back_to_the_official_expression() -> None:
+    """The codec's SnakeBeta from its precomputed per-channel constants equals the official module's
+    expression (exponentials taken on every call) exactly, with and without a conv bias added first."""
+    g = torch.Generator().manual_seed(6)
+    x, alpha, beta, bias = torch.randn(2, 8, 5, generator=g), *torch.randn(3, 8, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        xd, a, b, c = (t.to(dtype) for t in (x, alpha, beta, bias))
+        frequency, inverse_beta = a.exp(), 1.0 / (b.exp() + 1e-9)
+        for given, summed in ((None, xd), (c, xd + c[None, :, None])):
+            official = summed + (1.0 / (b.exp()[None, :, None] + 1e-9)) * torch.sin(
+                summed * a.exp()[None, :, None]
+            ).pow(2)
+            assert torch.equal(ops.snake_beta(xd, frequency, inverse_beta, given), official)
+
+
 def test_linear_falls_back_for_bf16_and_8bit() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 32, generator=g)

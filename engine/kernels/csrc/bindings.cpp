@@ -143,6 +143,31 @@ void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> sc
      "gemv");
 }
 
+void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_beta, c10::optional<at::Tensor> bias) {
+  const at::ScalarType dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "x must be float32 or bfloat16");
+  check(x, "x", dtype);
+  check(out, "out", dtype);
+  check(freq, "freq", dtype);
+  check(inv_beta, "inv_beta", dtype);
+  TORCH_CHECK(x.dim() == 3, "x must be [batch, channels, length]");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes(), "out must be contiguous like x");
+  TORCH_CHECK(freq.is_contiguous() && inv_beta.is_contiguous() && freq.numel() == x.size(1) &&
+                  inv_beta.numel() == x.size(1),
+              "freq and inv_beta must be contiguous [channels]");
+  const void* b = nullptr;
+  if (bias.has_value()) {
+    check(*bias, "bias", dtype);
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == x.size(1), "bias must be contiguous [channels]");
+    b = bias->data_ptr();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::snake_beta(out.data_ptr(), x.data_ptr(), freq.data_ptr(), inv_beta.data_ptr(), b, x.size(0),
+                       x.size(1), x.size(2), x.stride(0), x.stride(1), x.stride(2), dtype == at::kBFloat16,
+                       stream()),
+     "snake_beta");
+}
+
 void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
             c10::optional<at::Tensor> suppress, c10::optional<at::Tensor> ban_count, int64_t ban_token,
             int64_t ban_below, at::Tensor greedy, at::Tensor temperature, at::Tensor top_k, at::Tensor top_p,
@@ -209,4 +234,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul);
   m.def("gemv", &gemv);
   m.def("sample", &sample);
+  m.def("snake_beta", &snake_beta);
 }

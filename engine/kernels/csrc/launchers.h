@@ -40,6 +40,13 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
                  int k, int m, int x_stride, int y_stride, WeightKind kind, cudaStream_t stream);
 
+// out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
+// null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
+// every op). out is contiguous [B, C, T].
+cudaError_t snake_beta(void* out, const void* x, const void* freq, const void* inv_beta, const void* bias,
+                       int64_t batch, int64_t channels, int64_t length, int64_t batch_stride,
+                       int64_t channel_stride, int64_t time_stride, bool is_bf16, cudaStream_t stream);
+
 // One fused sampling step per row (block per row, vocab <= 4096), the rules of
 // engine/runtime/sampling.py: repetition penalty over `seen`, bans, greedy argmax (lowest index on ties),
 // temperature, top-k keeping ties, top-p over a stable ascending sort, then the inverse-CDF draw with the
