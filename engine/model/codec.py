@@ -151,6 +151,30 @@ class _Streamed(nn.Module):
         raise NotImplementedError
 
 
+def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    """`F.conv1d(x, weight, bias, dilation=dilation)` (no padding, one group) as one GEMM over the unfolded
+    input: weight [O, C*K] @ columns [B, C*K, T] (+ bias).
+
+    Why on CUDA: a frame gives the codec's convs only 4..1920 output steps, where cuDNN's float32 kernels
+    reach ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and its bf16
+    kernels first convert every weight to NHWC (a third of the bf16 codec's time); cuBLAS takes the weight
+    as it is stored. Same math; the rounding follows cuBLAS's blocking, and streamed and one-shot decodes
+    still run the same products.
+    """
+    out_channels, in_channels, kernel = weight.shape
+    columns = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
+    batch, steps = x.shape[0], columns.shape[2]
+    columns = columns.transpose(2, 3).reshape(batch, in_channels * kernel, steps)
+    flat = weight.reshape(out_channels, in_channels * kernel)
+    if bias is None:
+        return torch.matmul(flat, columns)
+    return torch.baddbmm(
+        bias[None, :, None].expand(batch, out_channels, steps),
+        flat.expand(batch, out_channels, in_channels * kernel),
+        columns,
+    )
+
+
 class CausalConv1d(_Streamed):
     """Conv1d with (kernel - 1) * dilation samples of left context and none on the right (stride 1)."""
 
@@ -170,6 +194,8 @@ class CausalConv1d(_Streamed):
             x = torch.cat([state.history[self.state_key], x], dim=-1)
             state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
         conv = self.conv
+        if x.is_cuda and conv.groups == 1:
+            return conv1d_as_gemm(x, conv.weight, conv.bias if bias else None, conv.dilation[0])
         return F.conv1d(
             x, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups
         )

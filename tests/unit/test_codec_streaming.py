@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig, parse_speech_decoder_config
@@ -325,3 +326,23 @@ def test_consumes_exactly_the_real_checkpoint_tensors() -> None:
     )
     used = sum(t.numel() for t in decoder.state_dict().values())
     assert used == sum(t["parameters"] for t in entries) - unused
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    ("in_channels", "out_channels", "kernel", "dilation"),
+    [(24, 16, 7, 1), (16, 16, 7, 9), (8, 1, 7, 1), (12, 20, 3, 1)],
+)
+def test_conv1d_as_gemm_is_the_convolution(
+    in_channels: int, out_channels: int, kernel: int, dilation: int, bias: bool
+) -> None:
+    """The GEMM form of the CUDA codec's convs computes F.conv1d (float64: only the math counts)."""
+    from qwen3_tts_native.engine.model.codec import conv1d_as_gemm
+
+    g = torch.Generator().manual_seed(in_channels * 100 + dilation)
+    weight = torch.randn(out_channels, in_channels, kernel, generator=g, dtype=torch.float64)
+    offset = torch.randn(out_channels, generator=g, dtype=torch.float64) if bias else None
+    x = torch.randn(3, in_channels, (kernel - 1) * dilation + 9, generator=g, dtype=torch.float64)
+    got = conv1d_as_gemm(x, weight, offset, dilation)
+    torch.testing.assert_close(got, F.conv1d(x, weight, offset, dilation=dilation), rtol=1e-12, atol=1e-12)
+    assert got.is_contiguous()
