@@ -201,12 +201,41 @@ class CausalConv1d(_Streamed):
         )
 
 
-class CausalConvTranspose1d(_Streamed):
+def conv_transpose1d_as_gemm(x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, stride: int) -> Tensor:
+    """The causal transposed conv of `CausalConvTranspose1d` as one GEMM: input x [B, C, m - 1 + T] (left
+    context first) -> the T new blocks [B, O, T * stride].
+
+    Output sample t * s + r of a new frame t is sum over j' < m of W[:, :, (m - 1 - j') * s + r]^T x[t + j']:
+    a stride-1 conv of kernel m over the input frames whose O * s output rows are the (channel, phase)
+    pairs. `gemm_weight` [O * s, C * m] and `gemm_bias` [O * s] are that conv's (`CausalConvTranspose1d`
+    derives them); the (channel, phase, frame) result is reordered to (channel, frame, phase).
+    """
+    rows, columns_per_step = gemm_weight.shape
+    batch, channels = x.shape[0], x.shape[1]
+    taps = columns_per_step // channels
+    columns = x.unfold(-1, taps, 1)  # [B, C, T, m]
+    steps = columns.shape[2]
+    columns = columns.transpose(2, 3).reshape(batch, columns_per_step, steps)
+    blocks = torch.baddbmm(
+        gemm_bias[None, :, None].expand(batch, rows, steps),
+        gemm_weight.expand(batch, rows, columns_per_step),
+        columns,
+    )
+    out_channels = rows // stride
+    return blocks.view(batch, out_channels, stride, steps).transpose(2, 3).reshape(batch, out_channels, -1)
+
+
+class CausalConvTranspose1d(_Streamed, _Derived):
     """ConvTranspose1d whose last kernel - stride outputs are dropped, so n frames give n * stride samples.
 
     Output block t depends on input frames t - m + 1 .. t (m = kernel / stride); the m - 1 earlier input
-    frames are the left context.
+    frames are the left context. On CUDA it runs as one GEMM (`conv_transpose1d_as_gemm`, for the reason
+    `conv1d_as_gemm` gives: cuDNN's float32 transposed convs were a quarter of the float32 codec's time, and
+    its bf16 ones convert their weights to NHWC on every call).
     """
+
+    gemm_weight: Tensor
+    gemm_bias: Tensor
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
         super().__init__()
@@ -215,6 +244,19 @@ class CausalConvTranspose1d(_Streamed):
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.stride = stride
         self.context = kernel_size // stride - 1
+        self.register_buffer("gemm_weight", torch.empty(0), persistent=False)
+        self.register_buffer("gemm_bias", torch.empty(0), persistent=False)
+        self._derive()
+
+    def _derive(self) -> None:
+        """gemm_weight[o * s + r, c * m + j'] = W[c, o, (m - 1 - j') * s + r]; gemm_bias[o * s + r] = b[o]."""
+        weight, bias = self.conv.weight, self.conv.bias
+        channels, out_channels, kernel = weight.shape
+        taps = kernel // self.stride
+        per_tap = weight.view(channels, out_channels, taps, self.stride).flip(2)
+        self.gemm_weight = per_tap.permute(1, 3, 0, 2).reshape(out_channels * self.stride, channels * taps)
+        assert bias is not None
+        self.gemm_bias = bias.repeat_interleave(self.stride)
 
     def context_shape(self) -> tuple[int, int]:
         return self.conv.in_channels, self.context
@@ -224,6 +266,8 @@ class CausalConvTranspose1d(_Streamed):
         if self.context > 0:
             x = torch.cat([state.history[self.state_key], x], dim=-1)
             state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
+        if x.is_cuda:
+            return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride)
         start = self.context * self.stride
         return self.conv(x)[..., start : start + frames * self.stride]
 
