@@ -312,14 +312,15 @@ def weight_bytes_per_frame(engine: Any, backend: Any) -> int:
             return weight.data.numel() * weight.data.element_size() + weight.scale.numel() * 4
         return int(weight.numel() * weight.element_size())
 
-    fast = getattr(backend, "fast", None)
-    if fast is not None:
+    frame = getattr(backend, "frame", None)  # the graphs' KernelFrame: its GEMV weights of the mode
+    if frame is not None:
 
         def block(b: Any) -> int:
             return sum(size(w) for w in (b.qkv, b.o, b.gate_up, b.down))
 
-        talker = sum(block(b) for b in fast.talker_blocks) + size(fast.codec_head)
-        per_step = sum(block(b) for b in fast.predictor_blocks) + size(fast.projection) + size(fast.heads[0])
+        talker = sum(block(b) for b in frame.talker_blocks) + size(frame.codec_head)
+        heads = size(frame.projection) + size(frame.heads[0])
+        per_step = sum(block(b) for b in frame.predictor_blocks) + heads
         return talker + 15 * per_step
     talker = sum(size(p) for p in engine.talker.layers.parameters()) + size(engine.talker.codec_head.weight)
     predictor = engine.predictor
