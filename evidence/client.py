@@ -24,6 +24,7 @@ import hashlib
 import os
 import random
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -367,6 +368,22 @@ async def check_ready(base_url: str, path: str, timeout_s: float) -> None:
                 last = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(0.5)
     raise RunAborted(f"{base_url}{path} not ready within {timeout_s:.0f} s ({last})")
+
+
+def wait_for_server(process: subprocess.Popen[Any], base_url: str, timeout_s: float) -> float:
+    """Seconds until ``GET base_url/health/ready`` answers 200 while ``process`` (the server we started)
+    runs; RunAborted if the process exits first or the time runs out."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if process.poll() is not None:
+            raise RunAborted(f"the server exited with {process.returncode} before it was ready")
+        try:
+            if httpx.get(f"{base_url}/health/ready", timeout=2.0).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RunAborted(f"{base_url} not ready within {timeout_s:.0f} s")
 
 
 async def run_load(

@@ -47,7 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from qwen3_tts_native import __version__  # noqa: E402
-from qwen3_tts_native.evidence.client import Profile, RunAborted  # noqa: E402
+from qwen3_tts_native.evidence.client import Profile, RunAborted, wait_for_server  # noqa: E402
 from qwen3_tts_native.evidence.runner import EngineSpec, RunOptions, execute  # noqa: E402
 from qwen3_tts_native.evidence.workload import Workload, parse_workload  # noqa: E402
 
@@ -211,7 +211,7 @@ def served(
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        wait_ready(process, spec.url, max(30.0, budget.left()))
+        wait_for_server(process, spec.url, max(30.0, budget.left()))
         print(f"{spec.id}: ready after {time.monotonic() - started:.1f}s (pid {process.pid})", flush=True)
         budget.phase(f"measure {spec.id}")
         yield replace(spec, pid=process.pid)
@@ -228,21 +228,6 @@ def served(
             os.killpg(process.pid, signal.SIGKILL)  # any child left behind
         print(f"{spec.id}: exited {process.returncode}", flush=True)
         wait_gpu_released(process.pid, GPU_RELEASE_TIMEOUT_S)
-
-
-def wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
-    """Poll GET /health/ready until 200; RunAborted if the server exits or the time runs out."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RunAborted(f"the server exited with {process.returncode} before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health/ready", timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RunAborted(f"{url} not ready within {timeout_s:.0f} s")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

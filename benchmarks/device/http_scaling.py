@@ -47,6 +47,8 @@ from common import (
     terminate,
 )
 
+from qwen3_tts_native.evidence.client import wait_for_server
+
 TEXT = (
     "Ladies and gentlemen, this stream measures how many codec frames the server produces per second "
     "when many listeners arrive at once."
@@ -186,21 +188,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout_s: float) -> float:
-    """Seconds until /health/ready answers 200; RuntimeError if the server exits or the time runs out."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout_s:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode} before it was ready")
-        try:
-            if httpx.get(f"{base_url}/health/ready", timeout=5.0).status_code == 200:
-                return time.perf_counter() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not ready within {timeout_s:.0f} s")
-
-
 def stop(server: subprocess.Popen[bytes]) -> int | None:
     """SIGTERM (the server drains), then SIGKILL after 30 s."""
     if server.poll() is None:
@@ -252,7 +239,7 @@ def measure(args: argparse.Namespace, levels: list[int], report: dict[str, Any],
     with log_path.open("wb") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     try:
-        report["server_ready_s"] = wait_ready(base_url, server, args.startup_timeout_s)
+        report["server_ready_s"] = wait_for_server(server, base_url, args.startup_timeout_s)
         for level in levels:
             warm = asyncio.run(run_round(base_url, level, WARM_UP_SECONDS, 10_000_000 + 1000 * level))
             timed = asyncio.run(run_round(base_url, level, args.max_duration_seconds, 1000 * level))

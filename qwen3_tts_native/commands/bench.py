@@ -552,6 +552,8 @@ def http_ttfa(model: Path, runs: int, mode: str, port: int = 18089) -> dict[str,
     to serve it unverified."""
     import httpx
 
+    from ..evidence.client import RunAborted, wait_for_server
+
     env = dict(os.environ, QWEN3_TTS_LOG_LEVEL="warning", QWEN3_TTS_MODE=mode)
     command = [
         sys.executable,
@@ -571,19 +573,11 @@ def http_ttfa(model: Path, runs: int, mode: str, port: int = 18089) -> dict[str,
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if server.poll() is not None:
-                log = server.stderr.read() if server.stderr else ""
-                return {"error": f"server exited {server.returncode}: {log[-2000:]}"}
-            try:
-                if httpx.get(f"{base}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            return {"error": "server not ready in 180 s"}
+        try:
+            wait_for_server(server, base, 180)
+        except RunAborted as error:
+            log = server.stderr.read() if server.stderr and server.poll() is not None else ""
+            return {"error": f"{error}: {log[-2000:]}" if log else str(error)}
         body = {
             "text": TEXT,
             "voice_description": INSTRUCT,
