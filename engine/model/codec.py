@@ -50,9 +50,9 @@ Precision: the compute dtype is the dtype of the module's parameters: float32 by
 choice, since one PCM16 step is 3e-5), `module.to(torch.bfloat16)` to run like the official bf16 example.
 As in the official code, RMSNorm statistics, RoPE tables and the attention softmax use float32 (float64
 when the module is float64, which the tests use to check the streaming logic exactly). The waveform is
-returned in at least float32, because its consumer is PCM conversion. On CUDA, PyTorch runs float32
-convolutions in TF32 by default (`torch.backends.cudnn.allow_tf32`); that flag is the caller's to clear
-when float32 accuracy is wanted.
+returned in at least float32, because its consumer is PCM conversion. On CUDA, PyTorch may run float32
+convolutions and matmuls in TF32 (`torch.backends.cudnn.allow_tf32`, `torch.backends.cuda.matmul.allow_tf32`);
+those flags are the caller's to clear when float32 accuracy is wanted (`runtime.codec_graphs.fp32_codec`).
 """
 
 from __future__ import annotations
@@ -206,21 +206,13 @@ def conv_transpose1d_as_gemm(x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, 
     context first) -> the T new blocks [B, O, T * stride].
 
     Output sample t * s + r of a new frame t is sum over j' < m of W[:, :, (m - 1 - j') * s + r]^T x[t + j']:
-    a stride-1 conv of kernel m over the input frames whose O * s output rows are the (channel, phase)
-    pairs. `gemm_weight` [O * s, C * m] and `gemm_bias` [O * s] are that conv's (`CausalConvTranspose1d`
-    derives them); the (channel, phase, frame) result is reordered to (channel, frame, phase).
+    a stride-1 conv of kernel m over the input frames (`conv1d_as_gemm`) whose O * s output channels are the
+    (channel, phase) pairs. `gemm_weight` [O * s, C, m] and `gemm_bias` [O * s] are that conv's
+    (`CausalConvTranspose1d` derives them); the (channel, phase, frame) result is reordered to (channel,
+    frame, phase).
     """
-    rows, columns_per_step = gemm_weight.shape
-    batch, channels = x.shape[0], x.shape[1]
-    taps = columns_per_step // channels
-    columns = x.unfold(-1, taps, 1)  # [B, C, T, m]
-    steps = columns.shape[2]
-    columns = columns.transpose(2, 3).reshape(batch, columns_per_step, steps)
-    blocks = torch.baddbmm(
-        gemm_bias[None, :, None].expand(batch, rows, steps),
-        gemm_weight.expand(batch, rows, columns_per_step),
-        columns,
-    )
+    blocks = conv1d_as_gemm(x, gemm_weight, gemm_bias, 1)
+    batch, rows, steps = blocks.shape
     out_channels = rows // stride
     return blocks.view(batch, out_channels, stride, steps).transpose(2, 3).reshape(batch, out_channels, -1)
 
@@ -249,12 +241,12 @@ class CausalConvTranspose1d(_Streamed, _Derived):
         self._derive()
 
     def _derive(self) -> None:
-        """gemm_weight[o * s + r, c * m + j'] = W[c, o, (m - 1 - j') * s + r]; gemm_bias[o * s + r] = b[o]."""
+        """gemm_weight[o * s + r, c, j'] = W[c, o, (m - 1 - j') * s + r]; gemm_bias[o * s + r] = b[o]."""
         weight, bias = self.conv.weight, self.conv.bias
         channels, out_channels, kernel = weight.shape
         taps = kernel // self.stride
         per_tap = weight.view(channels, out_channels, taps, self.stride).flip(2)
-        self.gemm_weight = per_tap.permute(1, 3, 0, 2).reshape(out_channels * self.stride, channels * taps)
+        self.gemm_weight = per_tap.permute(1, 3, 0, 2).reshape(out_channels * self.stride, channels, taps)
         assert bias is not None
         self.gemm_bias = bias.repeat_interleave(self.stride)
 
