@@ -1,6 +1,8 @@
 """Micro-benchmarks of the decode kernels at the model's shapes on the GPU: achieved GB/s of the GEMV
 (bf16 / int8 / fp8 weights) against torch (F.linear and the reference layers.linear) and FP8 W8A8
-torch._scaled_mm, the attention kernel against the reference, and the sampler. Writes JSON to --out."""
+torch._scaled_mm, the one-row GEMV inside a CUDA graph (as a frame runs it) by rows per warp, with and
+without programmatic dependent launch, the attention kernel against the reference, and the sampler.
+Writes JSON to --out."""
 
 # ruff: noqa: B023  (every closure is timed inside the loop iteration that defines it)
 
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from qwen3_tts_native.engine.kernels import ops, reference
+from qwen3_tts_native.engine.kernels import loader, ops, reference
 from qwen3_tts_native.engine.model import layers
 from qwen3_tts_native.engine.runtime import sampling
 
@@ -74,6 +76,46 @@ def gemv_table(batches: list[int]) -> list[dict[str, Any]]:
                 weight_bytes = m * k * (1 if ("int8" in label or "fp8" in label) else 2)
                 entry[label] = {"us": round(us, 2), "weight_gbps": round(weight_bytes / us / 1e3, 1)}
             rows.append(entry)
+    return rows
+
+
+L2_BYTES = 60 * 2**20
+GRAPH_CALLS = 24
+
+
+def graph_gemv_table() -> list[dict[str, Any]]:
+    """One activation row through `GRAPH_CALLS` back-to-back GEMVs captured in one CUDA graph, each on its
+    own copy of the weight from a ring larger than twice L2 (so nothing is served from cache): the per-call
+    cost as a frame's graph sees it, gaps included. By rows per warp (1, 2, 4) and with dependent launch on
+    and off."""
+    ext = loader.load()
+    assert ext is not None
+    rows = []
+    for name, (k, m) in SHAPES.items():
+        for kind in ("bf16", "int8"):
+            w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+            weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+            data = weight if isinstance(weight, torch.Tensor) else weight.data
+            scale = None if isinstance(weight, torch.Tensor) else weight.scale
+            copies = max(2, -(-2 * L2_BYTES // (data.numel() * data.element_size())))
+            ring = [data.clone() for _ in range(copies)]
+            x = torch.randn(1, k, device="cuda", dtype=BF16)
+            out = torch.empty(1, m, device="cuda", dtype=BF16)
+            entry: dict[str, Any] = {"op": name, "weights": kind, "k": k, "m": m}
+            for rows_per_warp in (1, 2, 4):
+                for dependent in (True, False):
+                    ops.set_dependent_launch(dependent)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for call in range(GRAPH_CALLS):
+                            ext.gemv(out, x, ring[call % copies], scale, None, rows_per_warp)
+                    us = bench_us(graph.replay) / GRAPH_CALLS
+                    label = f"rows_per_warp={rows_per_warp}" + ("" if dependent else ",no_pdl")
+                    weight_bytes = data.numel() * data.element_size()
+                    entry[label] = {"us": round(us, 2), "weight_gbps": round(weight_bytes / us / 1e3, 1)}
+            ops.set_dependent_launch(True)
+            rows.append(entry)
+            del ring
     return rows
 
 
@@ -148,6 +190,7 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(),
         "copy_gbps": round(2 * copy_bytes / copy_us / 1e3, 1),
         "gemv": gemv_table([int(b) for b in args.batches.split(",")]),
+        "gemv_in_graph": graph_gemv_table(),
         "attention": attention_table(),
         "sampling": sampling_table(),
     }
@@ -158,6 +201,9 @@ def main() -> int:
             f"{k}={v['weight_gbps']}" for k, v in row.items() if isinstance(v, dict) and "weight_gbps" in v
         )
         print(f"{row['op']:>18} n={row['n']:<3} GB/s: {cells}")
+    for row in result["gemv_in_graph"]:
+        cells = "  ".join(f"{k}={v['us']}us" for k, v in row.items() if isinstance(v, dict) and "us" in v)
+        print(f"graph {row['op']:>18} {row['weights']}: {cells}")
     for row in result["attention"]:
         print(
             f"attention b={row['batch']} L={row['length']}: "

@@ -25,6 +25,7 @@ __all__ = [
     "rms_norm",
     "sample_predictor",
     "sample_talker",
+    "set_dependent_launch",
     "silu_mul",
     "snake_beta",
 ]
@@ -32,6 +33,14 @@ __all__ = [
 
 def kernels_available() -> bool:
     return loader.load() is not None
+
+
+def set_dependent_launch(enabled: bool) -> None:
+    """Launch the kernels with programmatic dependent launch (the default, Hopper+) or without; graphs keep
+    what was set when they were captured. For benchmarks that measure what it saves."""
+    ext = loader.load()
+    if ext is not None:
+        ext.set_dependent_launch(enabled)
 
 
 def _ext(*tensors: Tensor, dtype: torch.dtype | None = torch.bfloat16):  # type: ignore[no-untyped-def]

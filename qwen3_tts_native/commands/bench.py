@@ -352,6 +352,7 @@ def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[s
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             engine.step(sessions)
             torch.cuda.synchronize()
+        replay = graph_replay_ms(engine, backend, sessions)
     finally:
         for session in sessions:
             engine.release(session)
@@ -366,6 +367,7 @@ def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[s
         "gpu_busy_ms": None if gpu_us is None else gpu_us / 1000,
         "weight_bytes_per_frame": weights,
         "achieved_weight_gbps": weights / frame_s / 1e9,
+        **replay,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -373,6 +375,38 @@ def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[s
         f"{json.dumps(summary, indent=2)}\n\n{table}\n"
     )
     return summary
+
+
+def graph_replay_ms(engine: Any, backend: Any, sessions: list[Any], replays: int = 20) -> dict[str, float]:
+    """The frame graph of this batch replayed back to back, without the step's host work: with programmatic
+    dependent launch (as captured) and recaptured without it, so the difference is what it saves."""
+    import torch
+
+    from ..engine.kernels import ops
+
+    if backend is None or not hasattr(backend, "decode_graph"):
+        return {}
+
+    def timed() -> float:
+        graph = backend.decode_graph(len(sessions))
+        graph.replay()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / replays * 1000
+
+    with_dependent_launch = timed()
+    try:
+        ops.set_dependent_launch(False)
+        backend.release_graphs()
+        engine.step(sessions)  # recaptures this bucket without dependent launch
+        without = timed()
+    finally:
+        ops.set_dependent_launch(True)
+        backend.release_graphs()
+    return {"graph_replay_ms": with_dependent_launch, "graph_replay_ms_without_dependent_launch": without}
 
 
 def codec_packet_ms(engine: Any, runs: int = 20, profile_path: Path | None = None) -> dict[str, float]:

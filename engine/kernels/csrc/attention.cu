@@ -6,6 +6,7 @@
 #include <math_constants.h>
 
 #include "common.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace q3tts {
@@ -21,6 +22,7 @@ __global__ void __launch_bounds__(kThreads)
                            const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
                            const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
                            int num_splits, float scale) {
+  begin_dependent_kernel();
   constexpr int kRow = D + 8;  // padded K rows: conflict-free 16-byte reads across a quarter warp
   __shared__ __align__(16) bf16 k_s[kTile * kRow];
   __shared__ __align__(16) bf16 v_s[kTile * D];
@@ -145,6 +147,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int D>
 __global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits) {
+  begin_dependent_kernel();
   const int row_head = blockIdx.x;  // b * q_heads + h
   const float* part = ws + static_cast<int64_t>(row_head) * num_splits * (D + 2);
   float m = -CUDART_INF_F;
@@ -181,7 +184,7 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
   const int splits = decode_attention_splits(max_len, split_len);
   const dim3 grid(splits, kv_heads, batch);
 #define Q3TTS_SPLIT(D, G)                                                                              \
-  attention_split_kernel<D, G><<<grid, kThreads, 0, stream>>>(                                         \
+  launch_kernel(attention_split_kernel<D, G>, dim3(grid), dim3(kThreads), stream,                                          \
       workspace, static_cast<bf16*>(out), static_cast<const bf16*>(q),                                 \
       static_cast<const bf16*>(k_cache),                                                               \
       static_cast<const bf16*>(v_cache), slots, lengths, q_heads, kv_heads, max_len, splits, scale)
@@ -200,9 +203,9 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
   if (head_dim == 128) {
-    attention_merge_kernel<128><<<batch * q_heads, 128, 0, stream>>>(static_cast<bf16*>(out), workspace, splits);
+    launch_kernel(attention_merge_kernel<128>, dim3(batch * q_heads), dim3(128), stream, static_cast<bf16*>(out), workspace, splits);
   } else {
-    attention_merge_kernel<64><<<batch * q_heads, 64, 0, stream>>>(static_cast<bf16*>(out), workspace, splits);
+    launch_kernel(attention_merge_kernel<64>, dim3(batch * q_heads), dim3(64), stream, static_cast<bf16*>(out), workspace, splits);
   }
   return cudaGetLastError();
 }

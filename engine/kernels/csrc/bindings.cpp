@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace {
@@ -109,7 +110,8 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
-void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
+void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
+          int64_t rows_per_warp) {
   check(x, "x", at::kBFloat16);
   check(y, "y", at::kBFloat16);
   check_rows(x, "x");
@@ -139,7 +141,7 @@ void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> sc
   TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == w.size(0), "y must be [n, out]");
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), w.size(0), x.stride(0),
-                 y.stride(0), kind, stream()),
+                 y.stride(0), kind, static_cast<int>(rows_per_warp), stream()),
      "gemv");
 }
 
@@ -223,6 +225,9 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
   ok(q3tts::sample(a, stream()), "sample");
 }
 
+// Graphs captured afterwards get (or lose) programmatic dependent launch; see launch.cuh.
+void set_dependent_launch(bool enabled) { q3tts::dependent_launch_enabled() = enabled; }
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -232,7 +237,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention_workspace", &decode_attention_workspace);
   m.def("decode_attention", &decode_attention);
   m.def("silu_mul", &silu_mul);
-  m.def("gemv", &gemv);
+  m.def("gemv", &gemv, py::arg("y"), py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("bias"),
+        py::arg("rows_per_warp") = 0);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
+  m.def("set_dependent_launch", &set_dependent_launch);
 }

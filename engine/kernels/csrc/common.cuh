@@ -19,6 +19,16 @@ __device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16_rn(x); 
 // One torch bf16 elementwise op: compute in fp32, round once to bf16, return as float.
 __device__ __forceinline__ float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
+// First statement of every kernel started by `launch_kernel` (launch.cuh): wait until the previous kernel in
+// the stream has finished and its writes are visible, then let the next kernel's blocks be scheduled. Before
+// this point a kernel must not read or write global memory. A no-op without a programmatic dependency.
+__device__ __forceinline__ void begin_dependent_kernel() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll

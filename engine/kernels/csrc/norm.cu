@@ -1,5 +1,6 @@
 // Fused (residual add +) RMSNorm, one block per row, 16-byte vectors held in registers between passes.
 #include "common.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace q3tts {
@@ -13,6 +14,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(bf16* __restrict__ o
                                                             bf16* __restrict__ residual,
                                                             const bf16* __restrict__ weight, int hidden,
                                                             int x_stride, int out_stride, float eps) {
+  begin_dependent_kernel();
   __shared__ float scratch[32];
   const int row = blockIdx.x;
   const int vecs = hidden / 8;
@@ -64,11 +66,11 @@ cudaError_t rms_norm(void* out, const void* x, void* residual, const void* weigh
   if (rows == 0) return cudaSuccess;
   const dim3 grid(rows);
   if (residual != nullptr) {
-    rms_norm_kernel<true><<<grid, kThreads, 0, stream>>>(
+    launch_kernel(rms_norm_kernel<true>, dim3(grid), dim3(kThreads), stream,
         static_cast<bf16*>(out), static_cast<const bf16*>(x), static_cast<bf16*>(residual),
         static_cast<const bf16*>(weight), hidden, x_stride, out_stride, eps);
   } else {
-    rms_norm_kernel<false><<<grid, kThreads, 0, stream>>>(
+    launch_kernel(rms_norm_kernel<false>, dim3(grid), dim3(kThreads), stream,
         static_cast<bf16*>(out), static_cast<const bf16*>(x), nullptr, static_cast<const bf16*>(weight),
         hidden, x_stride, out_stride, eps);
   }

@@ -2,6 +2,7 @@
 // The rotation repeats torch's bf16 rounding (x*cos, rotated*sin, their sum, each rounded), so apart from the
 // norm's fp32 reduction order the result is the reference's bit for bit.
 #include "common.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace q3tts {
@@ -19,6 +20,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                               const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
                               bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
                               int max_len, float eps) {
+  begin_dependent_kernel();
   constexpr int D = 64 * P;
   constexpr int H = D / 2;
   const int b = blockIdx.y;
@@ -80,7 +82,7 @@ cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const 
   if (batch == 0) return cudaSuccess;
   const dim3 grid((q_heads + 2 * kv_heads + kWarps - 1) / kWarps, batch);
 #define Q3TTS_LAUNCH(P)                                                                                   \
-  qk_norm_rope_cache_kernel<P><<<grid, kWarps * 32, 0, stream>>>(                                         \
+  launch_kernel(qk_norm_rope_cache_kernel<P>, dim3(grid), dim3(kWarps * 32), stream,                                          \
       static_cast<bf16*>(q_out), static_cast<const bf16*>(q), static_cast<const bf16*>(k),                \
       static_cast<const bf16*>(v), q_stride, k_stride, v_stride, static_cast<const bf16*>(q_norm),        \
       static_cast<const bf16*>(k_norm), static_cast<const bf16*>(cos), static_cast<const bf16*>(sin),     \

@@ -3,6 +3,7 @@
 #include <math_constants.h>
 
 #include "common.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace q3tts {
@@ -127,6 +128,7 @@ __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int 
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
+  begin_dependent_kernel();
   __shared__ unsigned long long keys[kMaxVocab];
   __shared__ uint8_t dropped[kMaxVocab];
   __shared__ double dscratch[32];
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream) {
   if (args.vocab > kMaxVocab || args.vocab < 1) return cudaErrorInvalidValue;
   if (args.rows == 0) return cudaSuccess;
-  sample_kernel<<<args.rows, kThreads, 0, stream>>>(args);
+  launch_kernel(sample_kernel, dim3(args.rows), dim3(kThreads), stream, args);
   return cudaGetLastError();
 }
 

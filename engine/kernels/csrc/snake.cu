@@ -2,6 +2,7 @@
 // optionally on x + bias (the bias of the conv before it, which then need not be a kernel of its own).
 // The unfused torch expression is 5 kernels; the codec applies it 29 times per frame.
 #include "common.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace q3tts {
@@ -33,6 +34,7 @@ __global__ void snake_beta_kernel(T* __restrict__ out, const T* __restrict__ x, 
                                   const T* __restrict__ inv_beta, const T* __restrict__ bias, int total,
                                   int channels, int length, int64_t batch_stride, int64_t channel_stride,
                                   int64_t time_stride) {
+  begin_dependent_kernel();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const int t = i % length;
     const int row = i / length;
@@ -54,7 +56,7 @@ cudaError_t launch(void* out, const void* x, const void* freq, const void* inv_b
   const int threads = 256;
   const int64_t blocks = (total + threads - 1) / threads;
   const int grid = static_cast<int>(blocks < 65535 ? blocks : 65535);
-  snake_beta_kernel<T><<<grid, threads, 0, stream>>>(
+  launch_kernel(snake_beta_kernel<T>, dim3(grid), dim3(threads), stream,
       static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(freq),
       static_cast<const T*>(inv_beta), static_cast<const T*>(bias), static_cast<int>(total),
       static_cast<int>(channels), static_cast<int>(length), batch_stride, channel_stride, time_stride);

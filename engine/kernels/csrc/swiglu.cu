@@ -1,5 +1,6 @@
 // SiLU(gate) * up with torch's rounding: silu rounded to bf16, then the product rounded to bf16.
 #include "common.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace q3tts {
@@ -7,6 +8,7 @@ namespace {
 
 __global__ void silu_mul_kernel(bf16* __restrict__ out, const bf16* __restrict__ gate, const bf16* __restrict__ up,
                                 int cols, int gate_stride, int up_stride, int out_stride) {
+  begin_dependent_kernel();
   const int row = blockIdx.y;
   const int vec = blockIdx.x * blockDim.x + threadIdx.x;
   if (vec * 8 >= cols) return;
@@ -31,7 +33,7 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
   if (rows == 0) return cudaSuccess;
   const int threads = 128;
   const dim3 grid((cols / 8 + threads - 1) / threads, rows);
-  silu_mul_kernel<<<grid, threads, 0, stream>>>(static_cast<bf16*>(out), static_cast<const bf16*>(gate),
+  launch_kernel(silu_mul_kernel, dim3(grid), dim3(threads), stream, static_cast<bf16*>(out), static_cast<const bf16*>(gate),
                                                  static_cast<const bf16*>(up), cols, gate_stride, up_stride,
                                                  out_stride);
   return cudaGetLastError();

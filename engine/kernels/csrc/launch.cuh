@@ -1,0 +1,51 @@
+// Kernel launches with programmatic dependent launch (PDL, Hopper and later).
+//
+// Why: a decode frame is ~1,100 small kernels replayed from one CUDA graph, and between two dependent
+// kernels the GPU idles for the launch of the second (about 1-1.5 us a node on the H200, a quarter of a
+// frame). With PDL the next kernel's blocks are scheduled while the previous kernel finishes, and wait in
+// `begin_dependent_kernel` (device side, common.cuh) until its results are visible, so launch latency
+// overlaps work. Graph capture keeps the dependency as a programmatic edge.
+//
+// Contract for every kernel launched here: call `begin_dependent_kernel()` before touching global memory
+// (it both waits for the previous grid and lets the next one be scheduled).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace q3tts {
+
+// Process-wide switch (benchmarks compare graphs captured with and without it); on by default where the
+// device supports it.
+inline bool& dependent_launch_enabled() {
+  static bool enabled = true;
+  return enabled;
+}
+
+inline bool device_supports_dependent_launch() {
+  int device = 0;
+  int major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  return major >= 9;
+}
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream,
+                          Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed =
+      dependent_launch_enabled() && device_supports_dependent_launch() ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace q3tts
