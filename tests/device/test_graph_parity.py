@@ -1,7 +1,8 @@
 """The CUDA frame on the full random snapshot (QWEN3_TTS_DEVICE_SNAPSHOT):
 
-- exact mode's graphs reproduce the same kernels run eagerly (`KernelFrameBackend`), greedy, for >= 200
-  frames, bit for bit: ragged positions, padded buckets and replays are correct;
+- exact mode's graphs reproduce the same kernels run eagerly (`KernelFrameBackend`, launched without
+  programmatic dependent launch), greedy, for >= 200 frames, bit for bit: ragged positions, padded buckets,
+  replays and the dependent launches are correct;
 - exact mode computes the torch model's math: teacher-forced on the torch model's own 200 greedy frames,
   its talker logits stay within a relative L2 of LOGIT_TOLERANCE of the torch model's (the kernels round
   differently, so free-running greedy codes part early on random weights, whose logits are nearly tied:
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from qwen3_tts_native.engine.kernels import ops
 from qwen3_tts_native.engine.runtime import graphs, step
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
@@ -82,9 +84,16 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def test_exact_graphs_replay_the_eager_kernel_frame(engine: VoiceDesignEngine) -> None:
+    """The eager run launches every kernel plainly (each waits for the previous one to finish); the graphs
+    use programmatic dependent launch, so this also proves that no kernel touches memory before its
+    predecessor is done."""
     eager_engine = fresh_engine(engine)
     eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
-    eager = eager_engine.generate_codes(greedy())
+    ops.set_dependent_launch(False)
+    try:
+        eager = eager_engine.generate_codes(greedy())
+    finally:
+        ops.set_dependent_launch(True)
     graphed_engine, undo = with_backend(engine)
     try:
         graphed = graphed_engine.generate_codes(greedy())
