@@ -151,28 +151,49 @@ class _Streamed(nn.Module):
         raise NotImplementedError
 
 
+def _gemm_path(x: Tensor) -> bool:
+    """Whether the convs and SnakeBetas take the CUDA formulation (`conv1d_as_gemm`): on CUDA tensors. One
+    predicate rather than `x.is_cuda` at every call site, so that the CPU tests can run that formulation."""
+    return x.is_cuda
+
+
+def _channel_rows(x: Tensor) -> Tensor:
+    """x [B, C, T] as [C, B * T]: a view when x is channel-major (what the GEMM convs return), else a copy."""
+    return x.transpose(0, 1).reshape(x.shape[1], -1)
+
+
+def _batch_view(rows: Tensor, batch: int) -> Tensor:
+    """rows [C, B * T] as the channel-major [B, C, T] view of it (strides T, B * T, 1)."""
+    return rows.view(rows.shape[0], batch, -1).transpose(0, 1)
+
+
+def _conv_rows(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    """The conv of `conv1d_as_gemm` as its GEMM output [O, B * T]."""
+    out_channels, in_channels, kernel = weight.shape
+    columns = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
+    columns = columns.permute(1, 3, 0, 2).reshape(in_channels * kernel, -1)  # [C * K, B * T]
+    flat = weight.reshape(out_channels, in_channels * kernel)
+    if bias is None:
+        return torch.mm(flat, columns)
+    return torch.addmm(bias[:, None], flat, columns)
+
+
 def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
     """`F.conv1d(x, weight, bias, dilation=dilation)` (no padding, one group) as one GEMM over the unfolded
-    input: weight [O, C*K] @ columns [B, C*K, T] (+ bias).
+    input, x [B, C, T + (K - 1) * dilation] (any strides) -> channel-major [B, O, T]: weight [O, C*K] @
+    columns [C*K, B*T] (+ bias).
 
     Why on CUDA: a frame gives the codec's convs only 4..1920 output steps, where cuDNN's float32 kernels
     reach ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and its bf16
     kernels first convert every weight to NHWC (a third of the bf16 codec's time); cuBLAS takes the weight
-    as it is stored. Same math; the rounding follows cuBLAS's blocking, and streamed and one-shot decodes
-    still run the same products.
+    as it is stored. The batch is folded into the GEMM's N so that the weight is read once per call, not
+    once per stream (a batched GEMM over a stride-0 weight re-reads it for every batch element: at 64
+    streams, the codec's 457 MB of float32 weights 64 times a frame). The result stays in the GEMM's
+    [O, B, T] storage: its consumers (SnakeBeta, the next GEMM, `torch.cat` with a history) take any
+    strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
+    follows cuBLAS's blocking.
     """
-    out_channels, in_channels, kernel = weight.shape
-    columns = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
-    batch, steps = x.shape[0], columns.shape[2]
-    columns = columns.transpose(2, 3).reshape(batch, in_channels * kernel, steps)
-    flat = weight.reshape(out_channels, in_channels * kernel)
-    if bias is None:
-        return torch.matmul(flat, columns)
-    return torch.baddbmm(
-        bias[None, :, None].expand(batch, out_channels, steps),
-        flat.expand(batch, out_channels, in_channels * kernel),
-        columns,
-    )
+    return _batch_view(_conv_rows(x, weight, bias, dilation), x.shape[0])
 
 
 class CausalConv1d(_Streamed):
@@ -194,7 +215,7 @@ class CausalConv1d(_Streamed):
             x = torch.cat([state.history[self.state_key], x], dim=-1)
             state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
         conv = self.conv
-        if x.is_cuda and conv.groups == 1:
+        if conv.groups == 1 and _gemm_path(x):
             return conv1d_as_gemm(x, conv.weight, conv.bias if bias else None, conv.dilation[0])
         return F.conv1d(
             x, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups
@@ -208,13 +229,14 @@ def conv_transpose1d_as_gemm(x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, 
     Output sample t * s + r of a new frame t is sum over j' < m of W[:, :, (m - 1 - j') * s + r]^T x[t + j']:
     a stride-1 conv of kernel m over the input frames (`conv1d_as_gemm`) whose O * s output channels are the
     (channel, phase) pairs. `gemm_weight` [O * s, C, m] and `gemm_bias` [O * s] are that conv's
-    (`CausalConvTranspose1d` derives them); the (channel, phase, frame) result is reordered to (channel,
-    frame, phase).
+    (`CausalConvTranspose1d` derives them); the (channel, phase, stream, frame) result is reordered to
+    (channel, stream, frame, phase), channel-major like `conv1d_as_gemm`'s.
     """
-    blocks = conv1d_as_gemm(x, gemm_weight, gemm_bias, 1)
-    batch, rows, steps = blocks.shape
-    out_channels = rows // stride
-    return blocks.view(batch, out_channels, stride, steps).transpose(2, 3).reshape(batch, out_channels, -1)
+    blocks = _conv_rows(x, gemm_weight, gemm_bias, 1)  # [(channel, phase), (stream, frame)]
+    out_channels = blocks.shape[0] // stride
+    batch = x.shape[0]
+    samples = blocks.view(out_channels, stride, batch, -1).permute(0, 2, 3, 1).reshape(out_channels, -1)
+    return _batch_view(samples, batch)
 
 
 class CausalConvTranspose1d(_Streamed, _Derived):
@@ -258,7 +280,7 @@ class CausalConvTranspose1d(_Streamed, _Derived):
         if self.context > 0:
             x = torch.cat([state.history[self.state_key], x], dim=-1)
             state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
-        if x.is_cuda:
+        if _gemm_path(x):
             return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride)
         start = self.context * self.stride
         return self.conv(x)[..., start : start + frames * self.stride]
@@ -287,7 +309,13 @@ class SnakeBeta(_Derived):
         self.inverse_beta = 1.0 / (self.beta.exp() + _SNAKE_EPS)
 
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """SnakeBeta(x + bias) with bias [C] when given: the bias of the conv before, in the same kernel."""
+        """SnakeBeta(x + bias) with bias [C] when given: the bias of the conv before, in the same kernel.
+
+        On the GEMM path x is channel-major, so it is one [1, C, B * T] block for the kernel, and the
+        result keeps that layout for the GEMM after it."""
+        if _gemm_path(x):
+            rows = ops.snake_beta(_channel_rows(x)[None], self.frequency, self.inverse_beta, bias)
+            return _batch_view(rows[0], x.shape[0])
         return ops.snake_beta(x, self.frequency, self.inverse_beta, bias)
 
 
@@ -463,17 +491,29 @@ class LatentUpsample(nn.ModuleList):
         return convnext(upsample(x, state), state)
 
 
+def pointwise_residual_as_gemm(h: Tensor, residual: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """residual + Conv1d(k=1)(h) with weight [O, C], bias [O], h and residual [B, C, T] -> channel-major
+    [B, O, T]: one GEMM of N = B * T accumulating into residual + bias (the weight read once, as in
+    `conv1d_as_gemm`); channel-major inputs are read without a copy. (`contiguous` is a no-op except for
+    T = 1 and B > 1, where the sum would keep the transposed strides of a contiguous residual.)"""
+    rows = (_channel_rows(residual) + bias[:, None]).contiguous().addmm_(weight, _channel_rows(h))
+    return _batch_view(rows, h.shape[0])
+
+
 class PointwiseResidual(nn.Module):
-    """residual + Conv1d(k=1)(h), as one batched GEMM accumulating into residual + bias."""
+    """residual + Conv1d(k=1)(h), as a GEMM accumulating into residual + bias: `pointwise_residual_as_gemm`
+    on the GEMM path, a batched GEMM on CPU (the arithmetic the CPU tests pin)."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.conv = nn.Conv1d(dim, dim, kernel_size=1)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        weight, bias = self.conv.weight[..., 0].expand(h.shape[0], -1, -1), self.conv.bias
+        weight, bias = self.conv.weight[..., 0], self.conv.bias
         assert bias is not None
-        return (residual + bias[:, None]).baddbmm_(weight, h)
+        if _gemm_path(h):
+            return pointwise_residual_as_gemm(h, residual, weight, bias)
+        return (residual + bias[:, None]).baddbmm_(weight.expand(h.shape[0], -1, -1), h)
 
 
 class ResidualUnit(nn.Module):

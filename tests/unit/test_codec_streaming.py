@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig, parse_speech_decoder_config
@@ -326,45 +325,3 @@ def test_consumes_exactly_the_real_checkpoint_tensors() -> None:
     )
     used = sum(t.numel() for t in decoder.state_dict().values())
     assert used == sum(t["parameters"] for t in entries) - unused
-
-
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize(
-    ("in_channels", "out_channels", "kernel", "dilation"),
-    [(24, 16, 7, 1), (16, 16, 7, 9), (8, 1, 7, 1), (12, 20, 3, 1)],
-)
-def test_conv1d_as_gemm_is_the_convolution(
-    in_channels: int, out_channels: int, kernel: int, dilation: int, bias: bool
-) -> None:
-    """The GEMM form of the CUDA codec's convs computes F.conv1d (float64: only the math counts)."""
-    from qwen3_tts_native.engine.model.codec import conv1d_as_gemm
-
-    g = torch.Generator().manual_seed(in_channels * 100 + dilation)
-    weight = torch.randn(out_channels, in_channels, kernel, generator=g, dtype=torch.float64)
-    offset = torch.randn(out_channels, generator=g, dtype=torch.float64) if bias else None
-    x = torch.randn(3, in_channels, (kernel - 1) * dilation + 9, generator=g, dtype=torch.float64)
-    got = conv1d_as_gemm(x, weight, offset, dilation)
-    torch.testing.assert_close(got, F.conv1d(x, weight, offset, dilation=dilation), rtol=1e-12, atol=1e-12)
-    assert got.is_contiguous()
-
-
-@pytest.mark.parametrize(
-    ("in_channels", "out_channels", "kernel", "stride"), [(16, 8, 16, 8), (12, 6, 6, 3), (8, 8, 2, 2)]
-)
-def test_conv_transpose1d_as_gemm_is_the_transposed_convolution(
-    in_channels: int, out_channels: int, kernel: int, stride: int
-) -> None:
-    """The GEMM form of the CUDA codec's transposed convs gives the module's new blocks (float64), also
-    after a dtype conversion re-derives its weights."""
-    from qwen3_tts_native.engine.model.codec import CausalConvTranspose1d, conv_transpose1d_as_gemm
-
-    torch.manual_seed(in_channels + kernel)
-    module = CausalConvTranspose1d(in_channels, out_channels, kernel, stride).double()
-    frames = 5
-    x = torch.randn(2, in_channels, module.context + frames, dtype=torch.float64)
-    start = module.context * stride
-    expected = module.conv(x)[..., start : start + frames * stride]
-    got = conv_transpose1d_as_gemm(x, module.gemm_weight, module.gemm_bias, stride)
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    assert got.is_contiguous()
-    assert module.gemm_weight.dtype == torch.float64

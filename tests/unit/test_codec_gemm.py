@@ -1,0 +1,140 @@
+"""The CUDA codec's GEMM formulation (codec.py: `conv1d_as_gemm` and its siblings), checked on CPU in float64,
+where only the math counts: each GEMM form computes its layer for one stream and for a batch (the batch is
+folded into the GEMM's N), from contiguous or channel-major inputs, and the whole decoder run through that
+path equals the CPU path's decode.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_codec_streaming import random_tensors
+from torch import Tensor
+
+from qwen3_tts_native.engine.config import VoiceDesignConfig
+from qwen3_tts_native.engine.model import codec
+from qwen3_tts_native.engine.model.codec import (
+    CausalConvTranspose1d,
+    SpeechDecoder,
+    conv1d_as_gemm,
+    conv_transpose1d_as_gemm,
+    pointwise_residual_as_gemm,
+)
+
+EXACT = 1e-12
+
+
+def channel_major(x: Tensor) -> Tensor:
+    """x's values in the layout the GEMM convs return ([C, B, T] storage seen as [B, C, T])."""
+    return x.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def is_channel_major(x: Tensor) -> bool:
+    return x.transpose(0, 1).is_contiguous()
+
+
+def randn(*shape: int, seed: int) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channel-major"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("steps", [1, 4, 9])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    ("in_channels", "out_channels", "kernel", "dilation"),
+    [(24, 16, 7, 1), (16, 16, 7, 3), (16, 16, 7, 9), (8, 1, 7, 1), (12, 20, 3, 1), (10, 6, 1, 1)],
+)
+def test_conv1d_as_gemm_is_the_convolution(
+    in_channels: int,
+    out_channels: int,
+    kernel: int,
+    dilation: int,
+    bias: bool,
+    steps: int,
+    batch: int,
+    layout: str,
+) -> None:
+    seed = in_channels * 100 + kernel * 10 + dilation
+    weight = randn(out_channels, in_channels, kernel, seed=seed)
+    offset = randn(out_channels, seed=seed + 1) if bias else None
+    x = randn(batch, in_channels, (kernel - 1) * dilation + steps, seed=seed + 2)
+    if layout == "channel-major":
+        x = channel_major(x)
+    got = conv1d_as_gemm(x, weight, offset, dilation)
+    expected = F.conv1d(x, weight, offset, dilation=dilation)
+    assert got.shape == expected.shape == (batch, out_channels, steps)
+    torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
+    assert is_channel_major(got)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("frames", [1, 4, 5])
+@pytest.mark.parametrize(
+    ("in_channels", "out_channels", "kernel", "stride"),
+    [(16, 8, 16, 8), (12, 6, 6, 3), (8, 8, 2, 2), (6, 4, 10, 5)],
+)
+def test_conv_transpose1d_as_gemm_is_the_transposed_convolution(
+    in_channels: int, out_channels: int, kernel: int, stride: int, frames: int, batch: int
+) -> None:
+    """The GEMM form gives the module's new blocks, also after a dtype conversion re-derives its weights."""
+    torch.manual_seed(in_channels + kernel)
+    module = CausalConvTranspose1d(in_channels, out_channels, kernel, stride).double()
+    x = randn(batch, in_channels, module.context + frames, seed=kernel + frames)
+    start = module.context * stride
+    expected = module.conv(x)[..., start : start + frames * stride]
+    for layout in (x, channel_major(x)):
+        got = conv_transpose1d_as_gemm(layout, module.gemm_weight, module.gemm_bias, stride)
+        assert got.shape == (batch, out_channels, frames * stride)
+        torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
+        assert is_channel_major(got)
+    assert module.gemm_weight.dtype == torch.float64
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("steps", [1, 7])
+def test_pointwise_residual_as_gemm_is_conv_plus_residual(batch: int, steps: int) -> None:
+    weight, bias = randn(12, 12, 1, seed=1), randn(12, seed=2)
+    h, residual = randn(batch, 12, steps, seed=3), randn(batch, 12, steps, seed=4)
+    expected = residual + F.conv1d(h, weight, bias)
+    for layout in (lambda t: t, channel_major):
+        got = pointwise_residual_as_gemm(layout(h), layout(residual), weight[..., 0], bias)
+        torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
+        assert is_channel_major(got)
+
+
+@pytest.fixture
+def gemm_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CUDA formulation (GEMM convs, channel-major activations) on CPU tensors."""
+    monkeypatch.setattr(codec, "_gemm_path", lambda x: True)
+
+
+@pytest.fixture(scope="module")
+def decoder64(tiny_voice_design_config: VoiceDesignConfig) -> SpeechDecoder:
+    config = tiny_voice_design_config.speech_decoder
+    tensors = {name: t.double() for name, t in random_tensors(config, seed=3).items()}
+    return SpeechDecoder.from_tensors(config, tensors)
+
+
+@pytest.fixture(scope="module")
+def codes() -> Tensor:
+    return torch.randint(0, 2048, (3, 16, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def cpu_path(decoder64: SpeechDecoder, codes: Tensor) -> Tensor:
+    return decoder64.decode(codes, clamp=False)
+
+
+def test_decoder_on_the_gemm_path_equals_the_cpu_path(
+    decoder64: SpeechDecoder, codes: Tensor, cpu_path: Tensor, gemm_path: None
+) -> None:
+    """Three streams decoded together, one-shot and in packets, through every GEMM form and the
+    channel-major SnakeBeta: the same waveform as the CPU path's convolutions."""
+    one_shot = decoder64.decode(codes, clamp=False)
+    torch.testing.assert_close(one_shot, cpu_path, rtol=EXACT, atol=EXACT)
+    state, packets = decoder64.new_stream_state(3), []
+    for start, size in ((0, 1), (1, 4), (5, 3), (8, 16)):
+        packets.append(decoder64(codes[..., start : start + size], state, clamp=False))
+    torch.testing.assert_close(torch.cat(packets, dim=1), cpu_path, rtol=EXACT, atol=EXACT)
