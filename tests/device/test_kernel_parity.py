@@ -13,6 +13,9 @@ Tolerances, per op:
   against the fp32 product of the stored codes (reference.linear).
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
   CUDA's own sinf, no FMA contraction).
+- linear_silu_mul, add_rms_norm_linear (the GEMVs with their producer in the prologue): bit-identical to
+  the unfused kernels (silu_mul or add_rms_norm_ / rms_norm, then linear), the new residual bit-identical
+  to the reference's sum, and the product within linear's 5e-3 relative L2 of the torch reference.
 """
 
 from __future__ import annotations
@@ -138,3 +141,113 @@ def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
     out = ops.snake_beta(x, frequency, inverse_beta, bias)
     assert out.is_contiguous() and out.shape == x.shape
     assert torch.equal(out, reference.snake_beta(x, frequency, inverse_beta, bias))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9])
+@pytest.mark.parametrize("k,m", [(6144, 2048), (3072, 1024), (12288, 1003), (24576, 64)])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
+def test_linear_silu_mul(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Talker and predictor down projections, a width that takes 2-row tiles, one that takes 1-row tiles,
+    and m = 1003 (a partial block of rows)."""
+    gate_up = torch.randn(n, 2 * k, device="cuda", dtype=BF16) * 4
+    w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+    bias = (0.1 * torch.randn(m, device="cuda")).to(BF16) if m == 1003 else None
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    out = ops.linear_silu_mul(gate_up, weight, bias)
+    assert out.shape == (n, m) and not torch.isnan(out.float()).any()
+    assert torch.equal(out, ops.linear(ops.silu_mul(gate_up[:, :k], gate_up[:, k:]), weight, bias))
+    assert rel(out, reference.linear_silu_mul(gate_up, weight, bias)) <= 5e-3
+    assert torch.equal(ops.linear_silu_mul(gate_up[-1:], weight, bias)[0], out[-1])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9])
+@pytest.mark.parametrize("k,m", [(2048, 4096), (2048, 12288), (1024, 1003), (8192, 5)])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
+@pytest.mark.parametrize("strided", [False, True])
+def test_add_rms_norm_linear(ext, n: int, k: int, m: int, kind: str, strided: bool) -> None:  # type: ignore[no-untyped-def]
+    """Talker qkv and gate/up, a predictor-sized row with a partial block of rows, and hidden 8192 (2-row
+    tiles) with m = 5 (one block, some of its warps idle); `strided` takes every other row, as the
+    predictor's first step does."""
+    rows = slice(1, None, 2) if strided else slice(None)
+    residual = (torch.randn(2 * n, k, device="cuda", dtype=BF16) * 3)[rows][:n]
+    delta = torch.randn(2 * n, k, device="cuda", dtype=BF16)[rows][:n]
+    norm = (1 + 0.1 * torch.randn(k, device="cuda")).to(BF16)
+    w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+    bias = (0.1 * torch.randn(m, device="cuda")).to(BF16) if m == 1003 else None
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    before = residual.clone()
+
+    out, summed = ops.add_rms_norm_linear(delta, residual, norm, 1e-6, weight, bias)
+    assert torch.equal(residual, before), "the residual passed in must not be written"
+    assert out.shape == (n, m) and not torch.isnan(out.float()).any()
+    unfused_residual = residual.clone()
+    unfused = ops.linear(ops.add_rms_norm_(delta, unfused_residual, norm, 1e-6), weight, bias)
+    assert torch.equal(out, unfused) and torch.equal(summed, unfused_residual)
+    expected, expected_sum = reference.add_rms_norm_linear(delta, residual, norm, 1e-6, weight, bias)
+    assert torch.equal(summed, expected_sum)
+    assert rel(out, expected) <= 5e-3
+    alone, _ = ops.add_rms_norm_linear(delta[-1:], residual[-1:], norm, 1e-6, weight, bias)
+    assert torch.equal(alone[0], out[-1])
+
+    out, same = ops.add_rms_norm_linear(None, residual, norm, 1e-6, weight, bias)
+    assert same is residual
+    assert torch.equal(out, ops.linear(ops.rms_norm(residual, norm, 1e-6), weight, bias))
+    assert rel(out, reference.add_rms_norm_linear(None, residual, norm, 1e-6, weight, bias)[0]) <= 5e-3
+
+
+def _fused_blocks(
+    x: torch.Tensor, weights: list[tuple[torch.Tensor, torch.Tensor]], norm: torch.Tensor
+) -> torch.Tensor:
+    """A decoder-like chain on the fused ops: each kernel reads what the previous one wrote and the residual
+    written two kernels before."""
+    residual = x
+    delta: torch.Tensor | None = None
+    for gate_up_weight, down_weight in weights:
+        gate_up, residual = ops.add_rms_norm_linear(delta, residual, norm, 1e-6, gate_up_weight)
+        delta = ops.linear_silu_mul(gate_up, down_weight)
+    assert delta is not None
+    return ops.add_rms_norm_(delta, residual, norm, 1e-6)
+
+
+def _unfused_blocks(
+    x: torch.Tensor, weights: list[tuple[torch.Tensor, torch.Tensor]], norm: torch.Tensor
+) -> torch.Tensor:
+    residual = x.clone()
+    h = ops.rms_norm(residual, norm, 1e-6)
+    for gate_up_weight, down_weight in weights:
+        gate_up = ops.linear(h, gate_up_weight)
+        half = gate_up.shape[1] // 2
+        h = ops.add_rms_norm_(
+            ops.linear(ops.silu_mul(gate_up[:, :half], gate_up[:, half:]), down_weight), residual, norm, 1e-6
+        )
+    return h
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_fused_gemvs_in_a_graph_equal_the_unfused_kernels(ext, n: int) -> None:  # type: ignore[no-untyped-def]
+    """Captured with programmatic dependent launch and replayed, the fused chain gives the unfused kernels'
+    result (launched plainly, eagerly) bit for bit."""
+    hidden, width = 2048, 6144
+    weights = [
+        (
+            (torch.randn(2 * width, hidden, device="cuda") / hidden**0.5).to(BF16),
+            (torch.randn(hidden, width, device="cuda") / width**0.5).to(BF16),
+        )
+        for _ in range(6)
+    ]
+    norm = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(BF16)
+    x = torch.randn(n, hidden, device="cuda", dtype=BF16)
+    ops.set_dependent_launch(False)
+    try:
+        expected = _unfused_blocks(x, weights, norm)
+    finally:
+        ops.set_dependent_launch(True)
+    static_x = x.clone()
+    _fused_blocks(static_x, weights, norm)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _fused_blocks(static_x, weights, norm)
+    for _ in range(10):
+        graph.replay()
+        assert torch.equal(out, expected)
+    assert torch.equal(static_x, x)

@@ -77,3 +77,22 @@ struct SamplingArgs {
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream);
 
 }  // namespace q3tts
+
+namespace q3tts {
+
+// gemv (one warp per output row, the same per-row reduction order and rounding) of x = silu_mul(gate, up)
+// computed in the GEMV's prologue: y[n, :m] = bf16(bf16(bf16(silu(gate)) * up) @ W[m, k]^T * scale + bias),
+// bit-identical to silu_mul then gemv. gate/up are [n, k], rows `*_stride` elements apart.
+cudaError_t silu_mul_gemv(void* y, const void* gate, const void* up, int gate_stride, int up_stride, const void* w,
+                          const float* scale, const void* bias, int n, int k, int m, int y_stride,
+                          WeightKind kind, cudaStream_t stream);
+
+// gemv of x = rms_norm's output over s = bf16(residual + delta) (s = residual when delta is null), computed in
+// the GEMV's prologue; s is written to new_residual (a separate tensor: other blocks still read residual;
+// unused when delta is null). Bit-identical to rms_norm (with residual) then gemv. k <= 8192.
+cudaError_t add_rms_norm_gemv(void* y, void* new_residual, const void* delta, const void* residual,
+                              int delta_stride, int residual_stride, int new_stride, const void* norm_weight,
+                              float eps, const void* w, const float* scale, const void* bias, int n, int k, int m,
+                              int y_stride, WeightKind kind, cudaStream_t stream);
+
+}  // namespace q3tts
