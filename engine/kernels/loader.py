@@ -24,6 +24,7 @@ SOURCES = (
     "attention.cu",
     "swiglu.cu",
     "gemv.cu",
+    "gemv_fused.cu",
     "sampling.cu",
     "snake.cu",
 )
