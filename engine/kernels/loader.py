@@ -28,7 +28,7 @@ SOURCES = (
     "sampling.cu",
     "snake.cu",
 )
-HEADERS = ("common.cuh", "launch.cuh", "launchers.h")
+HEADERS = ("common.cuh", "gemv.cuh", "launch.cuh", "launchers.h")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"
 CACHE_ENV = "QWEN3_TTS_KERNEL_CACHE"
 

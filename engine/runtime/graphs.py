@@ -573,6 +573,19 @@ class GraphFrameBackend:
         static.graph.replay()
         return static.out[:batch]
 
+    def decode_graph(self, batch: int) -> torch.cuda.CUDAGraph:
+        """The captured decode graph of `batch`'s bucket (benchmarks replay it without the host work)."""
+        static = self._decode.get(self._bucket_of(batch))
+        if static is None or static.graph is None:
+            raise KeyError(f"no decode graph has been captured for {batch} rows")
+        return static.graph
+
+    def release_graphs(self) -> None:
+        """Drop every captured graph; the next call of each kind captures again (e.g. after
+        `ops.set_dependent_launch`, which applies to graphs captured afterwards)."""
+        self._decode.clear()
+        self._complete.clear()
+
     def _bucket_of(self, batch: int) -> int:
         bucket = self.bucket(batch)
         assert bucket is not None

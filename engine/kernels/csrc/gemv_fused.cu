@@ -9,15 +9,11 @@
 // Bit-identical to the unfused kernels (producer, then gemv): the prologues are swiglu.cu's and norm.cu's
 // expressions, the norm reduces over norm.cu's block (256 threads, same vector layout, same block_sum), and
 // the GEMV keeps gemv.cu's per-row reduction order (lane -> chunk mapping, unroll, butterfly, epilogue).
-// Chunk<K> and the row loop are copied from gemv.cu, and the norm row from norm.cu, rather than shared,
-// because those files are not to be changed here; they are the candidates for common.cuh.
+// The weight chunks are gemv.cuh's, as in gemv.cu; the row loop is gemv.cu's at one row per warp, reading its
+// input rows from shared memory, and the norm row is norm.cu's.
 // Launched like the other kernels (launch.cuh: programmatic dependent launch, begin_dependent_kernel first).
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
-#include <utility>
-
 #include "common.cuh"
+#include "gemv.cuh"
 #include "launch.cuh"
 #include "launchers.h"
 
@@ -31,56 +27,6 @@ constexpr int kNormVecs = 4;           // norm.cu's kMaxVecPerThread: hidden <= 
 constexpr int kMaxTile = 4;
 constexpr int kSmemBytes = 48 * 1024;  // static + dynamic shared memory without the opt-in attribute
 constexpr int kNormScratchBytes = 32 * sizeof(float);
-
-// Copied from gemv.cu: one 16-byte weight chunk to fp32.
-template <WeightKind K>
-struct Chunk;
-
-template <>
-struct Chunk<WeightKind::kBf16> {
-  static constexpr int kElems = 8;
-  __device__ static void unpack(const uint4& raw, float* out) {
-    const bf16* v = reinterpret_cast<const bf16*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = to_f(v[j]);
-  }
-};
-
-template <>
-struct Chunk<WeightKind::kInt8> {
-  static constexpr int kElems = 16;
-  // int8 -> fp32 without I2F: bias to unsigned, splice under the exponent of 2^23, subtract 2^23 + 128.
-  __device__ static void unpack(const uint4& raw, float* out) {
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t u = words[w] ^ 0x80808080u;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        out[w * 4 + j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u | j)) - 8388736.0f;
-      }
-    }
-  }
-};
-
-template <>
-struct Chunk<WeightKind::kFp8E4M3> {
-  static constexpr int kElems = 16;
-  __device__ static void unpack(const uint4& raw, float* out) {
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
-        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
-        out[w * 4 + h * 2] = f.x;
-        out[w * 4 + h * 2 + 1] = f.y;
-      }
-    }
-  }
-};
 
 // The tile's input rows, NT x k bf16 (row t at t * k), 16-byte aligned.
 __device__ __forceinline__ bf16* tile_rows() {
@@ -256,25 +202,6 @@ Kernel by_tile(int tile, Kernel four, Kernel two, Kernel one) {
   return tile == 4 ? four : tile == 2 ? two : one;
 }
 
-// launch.cuh's launch_kernel (programmatic dependent launch when enabled) with dynamic shared memory, which
-// launch_kernel does not take.
-template <typename... KernelArgs, typename... Args>
-cudaError_t launch_with_smem(void (*kernel)(KernelArgs...), dim3 grid, size_t smem, cudaStream_t stream,
-                             Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed =
-      dependent_launch_enabled() && device_supports_dependent_launch() ? 1 : 0;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 // Row tiles of gate/up, one launch each (the per-row result does not depend on the tile).
 template <WeightKind K>
 cudaError_t launch_silu(bf16* y, const bf16* gate, const bf16* up, int gate_stride, int up_stride,
@@ -286,8 +213,8 @@ cudaError_t launch_silu(bf16* y, const bf16* gate, const bf16* up, int gate_stri
     if (tile == 0) return cudaErrorInvalidValue;
     const auto kernel = by_tile(tile, silu_mul_gemv_kernel<K, 4>, silu_mul_gemv_kernel<K, 2>,
                                 silu_mul_gemv_kernel<K, 1>);
-    const cudaError_t err = launch_with_smem(
-        kernel, grid, static_cast<size_t>(tile) * k * sizeof(bf16), stream, y + static_cast<int64_t>(n0) * y_stride,
+    const cudaError_t err = launch_kernel_with_shared(
+        kernel, grid, dim3(kThreads), static_cast<size_t>(tile) * k * sizeof(bf16), stream, y + static_cast<int64_t>(n0) * y_stride,
         gate + static_cast<int64_t>(n0) * gate_stride, up + static_cast<int64_t>(n0) * up_stride, gate_stride,
         up_stride, w, scale, bias, tile, k, m, y_stride);
     if (err != cudaSuccess) return err;
@@ -308,8 +235,8 @@ cudaError_t launch_norm(bf16* y, bf16* new_residual, const bf16* delta, const bf
     if (tile == 0) return cudaErrorInvalidValue;
     const auto kernel = by_tile(tile, add_rms_norm_gemv_kernel<K, 4, kAdd>, add_rms_norm_gemv_kernel<K, 2, kAdd>,
                                 add_rms_norm_gemv_kernel<K, 1, kAdd>);
-    const cudaError_t err = launch_with_smem(
-        kernel, grid, static_cast<size_t>(tile) * k * sizeof(bf16), stream, y + static_cast<int64_t>(n0) * y_stride,
+    const cudaError_t err = launch_kernel_with_shared(
+        kernel, grid, dim3(kThreads), static_cast<size_t>(tile) * k * sizeof(bf16), stream, y + static_cast<int64_t>(n0) * y_stride,
         kAdd ? new_residual + static_cast<int64_t>(n0) * new_stride : nullptr,
         kAdd ? delta + static_cast<int64_t>(n0) * delta_stride : nullptr,
         residual + static_cast<int64_t>(n0) * residual_stride, delta_stride, residual_stride, new_stride,
