@@ -5,9 +5,12 @@ latent upsampling stages (transposed conv + ConvNeXt) -> waveform decoder (causa
 SnakeBeta + transposed conv + dilated residual units, SnakeBeta, causal conv to one channel) -> clamp.
 
 Every layer is causal, so a decoder that keeps the right left-context can decode a stream packet by packet.
-The canonical computation is frame by frame: `forward(codes, state)` decodes the next n frames of a batch
-of streams as n consecutive single-frame steps (`frame`), each updating their `CodecStreamState`, and
-`decode` is a fresh state plus the same steps over all frames. The state holds, per stream:
+`forward(codes, state)` decodes the next n frames of a batch of streams as one pass through the decoder
+(`packet`; inputs longer than PASS_FRAMES are cut into passes of that many), updating their
+`CodecStreamState`, and `decode` is a fresh state plus `forward`. The convs take any number of steps; in
+the transformer each of the pass's n frames is a query at its own absolute position p, over the keys of
+the state's 71 cached frames followed by the n new ones, masked to its window max(0, p - 71) .. p. The
+state holds, per stream:
 
 - the RoPE'd key and the value of the last `sliding_window - 1` frames of each transformer layer (a query
   sees itself plus 71 earlier frames), kept oldest first, with the absolute frame position deciding which
@@ -15,36 +18,40 @@ of streams as n consecutive single-frame steps (`frame`), each updating their `C
 - the last `(kernel - 1) * dilation` input samples of every causal conv (zeros at the start, which is
   exactly the zero padding of a whole-utterance decode);
 - for every transposed conv with kernel `k = m * stride`, its last `m - 1` input frames. Together with the
-  new frame they recompute the overlap that the previous step could not finish (the official module trims
+  new frames they recompute the overlap that the previous pass could not finish (the official module trims
   the last `k - stride` outputs). Keeping inputs rather than partial output sums means every output sample
   is computed from the same values as in a whole decode, bias included, with no overlap-add bookkeeping.
 
 RoPE positions are absolute frame indices (the first frame is 0, like the official decoder).
 
-Guarantee: every frame is computed by the same operations on tensors of the same shapes, from the same
-state, however the frames are grouped into packets. So for a given batch of streams, the concatenated
-packets of any schedule equal `decode` of all frames bit for bit, in every dtype and on every device
-(given deterministic kernels, i.e. the same shapes on the same device round the same way; on CUDA that
-means cuDNN benchmarking off, its default). What is not exact is the batch size: a stream decoded with
-others in one call (B > 1, any positions) equals it decoded alone only to the rounding of the dtype,
-because CPU/GPU GEMM and conv kernels round a row differently for a different B (measured on CPU: 4e-6 in
-float32, 7e-15 in float64; 0 in bfloat16, by luck rather than by design). Against the official decoder,
-which runs the whole utterance through each layer at once, the waveform agrees to float32 rounding (a few
-1e-6 on an O(1) waveform).
+Guarantee: streaming is exact in the math: the concatenated packets of any schedule compute the same
+function as `decode` of all frames, state hand-overs included (float64 on CPU, 400 frames: 1.6e-14 at test
+sizes, 1.8e-14 at the real shapes). It is not exact in the bits: a pass of n frames runs its GEMMs, convs
+and attention over N = B * n frames' columns, and kernels round a column differently for a different N (on
+this CPU, MKL's GEMMs take other code paths below N = 9). Measured on CPU, 400 frames, packets of 1 to 4
+frames: float32 up to 9.3e-6 at test sizes and 8.9e-6 at the real shapes, the size of a float32 decode's
+own error against float64 (4.3e-6 at the real shapes, and 4.1e-6 for the official decoder). So the
+foundation contract of 1e-6 does not hold in float32. bfloat16: 3% relative L2, its own rounding. Where
+the passes are the same, so are the bits (one packet of all frames is `decode`). The batch size rounds the
+same way: a stream decoded with others in one call equals it decoded alone to the rounding of the dtype.
+Against the official decoder, which runs the whole utterance through each layer at once, the waveform
+agrees to float32 rounding (a few 1e-6 on an O(1) waveform).
 
-Launch count: on a GPU a frame (~4 GFLOP) costs what its kernel launches cost, ~2-4 µs each even replayed
-as a CUDA graph, so the frame is written as few ops (about 240, from about 800): q/k/v and gate/up are one
-matrix each, with the qkv rows ordered so that one RoPE pass covers q, k and v (v at angle 0) and the new
-key and value form one cache row; the RoPE angles and the window mask are made once per frame for all
-layers; attention is one `scaled_dot_product_attention`; LayerScale and its residual one `addcmul`;
-RMSNorm is torch's fused `rms_norm`; SnakeBeta's e^alpha and 1 / (e^beta + 1e-9) are computed when the
-weights are loaded or converted, not per call, and SnakeBeta is one fused kernel on CUDA (`kernels.ops`)
-that also adds the bias of a conv right before it (cuDNN would add it in a kernel of its own); a residual
-unit's 1x1 conv and residual add are one GEMM into `x + bias`; and the state is advanced by keeping views
-of the frame's activations instead of copies (`forward` compacts them once per packet).
+Launch count: on a GPU a pass costs what its kernel launches cost, ~2-4 µs each even replayed as a CUDA
+graph, so a pass is written as few ops (about 280 torch ops at the real shapes, whatever its n: a 4-frame
+packet was 4 single-frame passes, ~1,270 kernels on the H200, and is now one pass). q/k/v and gate/up are
+one matrix each, with the qkv rows ordered so that one RoPE pass covers q, k and v (v at angle 0) and the
+new keys and values join the cache in one copy; the RoPE angles and the window mask are made once per pass
+for all layers; attention is one `scaled_dot_product_attention`; LayerScale and its residual one
+`addcmul`; RMSNorm is torch's fused `rms_norm`; SnakeBeta's e^alpha and 1 / (e^beta + 1e-9) are computed
+when the weights are loaded or converted, not per call, and SnakeBeta is one fused kernel on CUDA
+(`kernels.ops`) that also adds the bias of a conv right before it (cuDNN would add it in a kernel of its
+own); a residual unit's 1x1 conv and residual add are one GEMM into `x + bias`; and the state is advanced
+by keeping views of the pass's activations instead of copies (`forward` compacts them once per call).
 
-Cost: a frame at a time is n small steps instead of one n-long pass; on CPU (one thread) one-shot decode
-of 400 frames takes about as long as streaming them in 1-frame packets (a few ms per frame at test sizes).
+Cost: work is the same as frame by frame, in n times larger GEMMs. On CPU (one thread, test sizes) a
+one-shot decode of 400 frames takes 0.2 s, streaming them in 4-frame packets 0.5 s, in 1-frame packets
+1.4 s. On CUDA the activations of a pass grow with B * n (PASS_FRAMES).
 
 Precision: the compute dtype is the dtype of the module's parameters: float32 by default (the engine's
 choice, since one PCM16 step is 3e-5), `module.to(torch.bfloat16)` to run like the official bf16 example.
@@ -73,6 +80,12 @@ _SNAKE_EPS = 1e-9
 _CODEBOOK_USAGE_MIN = 1e-5
 _CONVNEXT_LAYER_NORM_EPS = 1e-6
 
+PASS_FRAMES = 32
+"""The most frames one pass through the decoder takes; longer inputs (a one-shot decode) are cut into passes
+of this many. It bounds the activations: the largest is the unfolded input of the last block's k=7 convs on
+the GEMM path (96 channels x 7 taps x 1920 samples, 5 MB a frame and stream in float32), so a full pass
+holds ~0.3 GB per stream on CUDA at the peak. The engine's packets (1..4 frames) are single passes."""
+
 
 @dataclass
 class CodecStreamState:
@@ -82,7 +95,7 @@ class CodecStreamState:
     layer, [B, kv_heads, sliding_window - 1, 2 * head_dim]: each cached frame's RoPE'd key, then its value,
     oldest frame first. `history` maps the module path of every causal conv / transposed conv to its left
     context, [B, channels, length]. Inside a `SpeechDecoder.forward` call the entries are views into the
-    last frame's activations; `compact` gives them their own storage again.
+    last pass's activations; `compact` gives them their own storage again.
     """
 
     position: Tensor
@@ -109,7 +122,8 @@ class CodecStreamState:
 
     def compact(self) -> None:
         """Copy every cache and history into storage of its own, so that a state kept between packets holds
-        its own ~5 MB per stream (float32) and not also the ~7 MB of activations its entries are views of."""
+        its own ~5 MB per stream (float32) and not also the activations its entries are views of (~7 MB a
+        frame)."""
         self.kv = [t.clone(memory_format=torch.contiguous_format) for t in self.kv]
         self.history = {
             name: h.clone(memory_format=torch.contiguous_format) for name, h in self.history.items()
@@ -117,7 +131,7 @@ class CodecStreamState:
 
 
 class _Derived(nn.Module):
-    """A module with tensors computed from its parameters once rather than on every frame (non-persistent
+    """A module with tensors computed from its parameters once rather than on every call (non-persistent
     buffers). `_derive` runs again after every load and every conversion (`.to()`, `.cuda()`, ...), so they
     always follow the parameters' dtype and device, and hold what the per-call computation would give."""
 
@@ -183,12 +197,12 @@ def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int
     input, x [B, C, T + (K - 1) * dilation] (any strides) -> channel-major [B, O, T]: weight [O, C*K] @
     columns [C*K, B*T] (+ bias).
 
-    Why on CUDA: a frame gives the codec's convs only 4..1920 output steps, where cuDNN's float32 kernels
-    reach ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and its bf16
-    kernels first convert every weight to NHWC (a third of the bf16 codec's time); cuBLAS takes the weight
-    as it is stored. The batch is folded into the GEMM's N so that the weight is read once per call, not
-    once per stream (a batched GEMM over a stride-0 weight re-reads it for every batch element: at 64
-    streams, the codec's 457 MB of float32 weights 64 times a frame). The result stays in the GEMM's
+    Why on CUDA: a frame gives the codec's convs only 4..1920 output steps a stream, where cuDNN's float32
+    kernels reached ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and
+    its bf16 kernels first convert every weight to NHWC (a third of the bf16 codec's time); cuBLAS takes
+    the weight as it is stored. The batch is folded into the GEMM's N so that the weight is read once per
+    call, not once per stream (a batched GEMM over a stride-0 weight re-reads it for every batch element:
+    at 64 streams, the codec's 457 MB of float32 weights 64 times a pass). The result stays in the GEMM's
     [O, B, T] storage: its consumers (SnakeBeta, the next GEMM, `torch.cat` with a history) take any
     strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
     follows cuBLAS's blocking.
@@ -346,13 +360,14 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
 
 
 class SlidingWindowAttention(nn.Module):
-    """Multi-head attention of one frame over itself plus the cached window; RoPE, no q/k norm, no bias.
+    """Multi-head attention of a pass's frames over the cached window and themselves; RoPE, no q/k norm, no
+    bias.
 
     `qkv_proj` is the official q, k and v projections in one matrix whose output rows are grouped by KV
     head: that head's `group` query heads, its key, its value ([kv_heads, group + 2, head_dim]). One RoPE
-    pass then covers all of them (the value rows get angle 0: cos 1, sin 0, exact), the new key and value
-    are one contiguous cache row, and a KV head's queries attend as `group` query rows over it, so grouped
-    KV heads need no repeat.
+    pass then covers all of them (the value rows get angle 0: cos 1, sin 0, exact), the new keys and values
+    join the cache as one copy, and a KV head's queries attend as `frames * group` query rows (frame-major)
+    over it, so grouped KV heads need no repeat.
     """
 
     def __init__(self, config: SpeechDecoderConfig, layer_index: int):
@@ -367,16 +382,21 @@ class SlidingWindowAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: CodecStreamState) -> Tensor:
-        """x [B, hidden]; cos/sin [B, 1, group + 2, head_dim] (`PreTransformer.rope`); mask [B, 1, 1, window]
-        additive, over the cached frames then x's."""
-        batch, group, dim = x.shape[0], self.group, self.head_dim
-        qkv = self.qkv_proj(x).view(batch, self.num_kv_heads, group + 2, dim)
+        """x [B, n, hidden]; cos/sin [B, n, 1, group + 2, head_dim] (`PreTransformer.rope`); mask
+        [B, 1, n * group, window - 1 + n] additive (`PreTransformer.mask`), over the cached frames then x's.
+        The state's cache then keeps the last window - 1 keys and values."""
+        batch, frames, _ = x.shape
+        kv_heads, group, dim = self.num_kv_heads, self.group, self.head_dim
+        qkv = self.qkv_proj(x).view(batch, frames, kv_heads, group + 2, dim)
         qkv = torch.addcmul(qkv * cos, qkv.roll(dim // 2, dims=-1), sin)
-        new = qkv[:, :, group:].reshape(batch, self.num_kv_heads, 1, 2 * dim)
-        kv = torch.cat([state.kv[self.layer_index], new], dim=2)
-        state.kv[self.layer_index] = kv[:, :, 1:]
-        out = F.scaled_dot_product_attention(qkv[:, :, :group], kv[..., :dim], kv[..., dim:], attn_mask=mask)
-        return self.o_proj(out.reshape(batch, self.num_heads * dim))
+        cached = state.kv[self.layer_index]
+        new = qkv[:, :, :, group:].transpose(1, 2)  # [B, kv_heads, n, 2, head_dim]
+        kv = torch.cat([cached.view(*cached.shape[:3], 2, dim), new], dim=2).flatten(3)
+        state.kv[self.layer_index] = kv[:, :, frames:]
+        queries = qkv[:, :, :, :group].transpose(1, 2).reshape(batch, kv_heads, frames * group, dim)
+        out = F.scaled_dot_product_attention(queries, kv[..., :dim], kv[..., dim:], attn_mask=mask)
+        out = out.unflatten(2, (frames, group)).transpose(1, 2).reshape(batch, frames, self.num_heads * dim)
+        return self.o_proj(out)
 
 
 class SwiGLU(nn.Module):
@@ -408,9 +428,12 @@ class TransformerLayer(nn.Module):
 
 
 class PreTransformer(_Derived):
-    """latent -> hidden, sliding-window transformer layers, final norm, hidden -> latent; one frame [B, C]."""
+    """latent -> hidden, sliding-window transformer layers, final norm, hidden -> latent; the n frames of a
+    pass [B, n, C] (n <= PASS_FRAMES), from the state's position on. Leaves `state.position` as it is."""
 
     inv_freq: Tensor
+    steps: Tensor
+    row_steps: Tensor
     lag: Tensor
     mask_values: Tensor
 
@@ -424,39 +447,53 @@ class PreTransformer(_Derived):
         self.layers = nn.ModuleList(TransformerLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
-        for name in ("inv_freq", "lag", "mask_values"):
+        for name in ("inv_freq", "steps", "row_steps", "lag", "mask_values"):
             self.register_buffer(name, torch.empty(0), persistent=False)
         with torch.no_grad():
             self._derive()
 
     def _derive(self) -> None:
         """inv_freq [group + 2, head_dim] in >= float32: per qkv row, the RoPE frequencies with the first
-        half negated (so sin gives rotate-half's signs), zero for the value row; lag [window]: how many
-        frames before the current one each window slot is; mask_values: (0, -inf) in the compute dtype."""
+        half negated (so sin gives rotate-half's signs), zero for the value row. steps [PASS_FRAMES]: each
+        frame's offset in the pass; row_steps: the same per attention query row (frame-major, `group` rows a
+        frame). lag [PASS_FRAMES * group, window - 1 + PASS_FRAMES]: how many frames key slot j (the cached
+        window - 1 frames, then the pass's) lies before query row r, or int64's max where the slot is outside
+        r's window (a later frame, or more than window - 1 back); a slot within the window holds a real frame
+        iff the query's absolute position is >= its lag. mask_values: (0, -inf) in the compute dtype."""
         weight = self.input_proj.weight
-        wide = _at_least_fp32(weight.dtype)
-        exponents = torch.arange(0, self.head_dim, 2, device=weight.device).to(wide)
+        device, wide = weight.device, _at_least_fp32(weight.dtype)
+        exponents = torch.arange(0, self.head_dim, 2, device=device).to(wide)
         inv_freq = 1.0 / (self.rope_theta ** (exponents / self.head_dim))
         signed = torch.cat([-inv_freq, inv_freq])
         self.inv_freq = torch.cat([signed.expand(self.group + 1, -1), torch.zeros_like(signed)[None]])
-        self.lag = torch.arange(self.window - 1, -1, -1, device=weight.device)
-        self.mask_values = torch.tensor([0.0, float("-inf")], dtype=weight.dtype, device=weight.device)
+        self.steps = torch.arange(PASS_FRAMES, device=device)
+        self.row_steps = self.steps.repeat_interleave(self.group)
+        slots = torch.arange(self.window - 1 + PASS_FRAMES, device=device)
+        lag = self.row_steps[:, None] + (self.window - 1) - slots
+        outside = (lag < 0) | (lag >= self.window)
+        self.lag = lag.masked_fill(outside, torch.iinfo(torch.int64).max)
+        self.mask_values = torch.tensor([0.0, float("-inf")], dtype=weight.dtype, device=device)
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and signed sin [B, 1, group + 2, head_dim] for absolute positions [B], computed in >= float32
-        and cast: q * cos + roll(q, head_dim / 2) * sin is rotate-half RoPE, and leaves the value rows."""
-        angles = positions[:, None, None] * self.inv_freq
-        return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
+        """cos and signed sin [B, n, 1, group + 2, head_dim] for absolute positions [B, n], computed in
+        >= float32 and cast: q * cos + roll(q, head_dim / 2) * sin is rotate-half RoPE, and leaves the value
+        rows."""
+        angles = positions[:, :, None, None] * self.inv_freq
+        return angles.cos().to(dtype)[:, :, None], angles.sin().to(dtype)[:, :, None]
 
-    def mask(self, position: Tensor) -> Tensor:
-        """[B, 1, 1, window] additive: -inf on the window's slots before frame 0 (never filled), else 0."""
-        visible = position[:, None] >= self.lag
-        return torch.where(visible, self.mask_values[0], self.mask_values[1])[:, None, None]
+    def mask(self, position: Tensor, frames: int) -> Tensor:
+        """[B, 1, frames * group, window - 1 + frames] additive, for a pass starting at `position` [B]: 0
+        where a query row sees the key slot (its window, from frame 0 on), else -inf."""
+        rows = frames * self.group
+        queries = position[:, None] + self.row_steps[:rows]
+        visible = queries[:, :, None] >= self.lag[:rows, : self.window - 1 + frames]
+        return torch.where(visible, self.mask_values[0], self.mask_values[1])[:, None]
 
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
-        """The frame at `state.position`: x [B, latent] -> [B, latent]."""
-        cos, sin = self.rope(state.position, x.dtype)
-        mask = self.mask(state.position)
+        """The frames from `state.position` on: x [B, n, latent] -> [B, n, latent]."""
+        frames = x.shape[1]
+        cos, sin = self.rope(state.position[:, None] + self.steps[:frames], x.dtype)
+        mask = self.mask(state.position, frames)
         x = self.input_proj(x)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, state)
@@ -598,7 +635,7 @@ class SpeechDecoder(_Derived):
         self._derive()
 
     def _derive(self) -> None:
-        """rest_rows: the codebook index of each of codes 1.. (an arange not remade every frame)."""
+        """rest_rows: the codebook index of each of codes 1.. (an arange not remade every pass)."""
         self.rest_rows = torch.arange(self.config.num_quantizers - 1, device=self.rest_codebooks.device)
 
     @classmethod
@@ -649,8 +686,8 @@ class SpeechDecoder(_Derived):
     ) -> Tensor:
         """Decode the next n frames of B streams: codes [B, num_quantizers, n] -> [B, n * hop].
 
-        The frames are decoded one at a time (`frame`), so the result does not depend on n. Updates `state`
-        (histories, caches, positions) and, with `compact`, gives its entries their own storage at the end
+        One pass through the decoder (`packet`) per PASS_FRAMES frames. Updates `state` (histories, caches,
+        positions) and, with `compact`, gives its entries their own storage at the end
         (`CodecStreamState.compact`; a caller that copies the state out anyway, like a CUDA graph's
         scatter, skips that)."""
         batch, quantizers, frames = codes.shape
@@ -658,18 +695,18 @@ class SpeechDecoder(_Derived):
             raise ValueError(f"expected {self.config.num_quantizers} codebooks, got {quantizers}")
         if frames == 0:
             return torch.zeros(batch, 0, dtype=_at_least_fp32(self.first_codebook.dtype), device=codes.device)
-        wave = torch.cat([self.frame(codes[..., t], state) for t in range(frames)], dim=1)
+        passes = [self.packet(codes[..., t : t + PASS_FRAMES], state) for t in range(0, frames, PASS_FRAMES)]
+        wave = passes[0] if len(passes) == 1 else torch.cat(passes, dim=1)
         if compact:
             state.compact()
         wave = wave.to(_at_least_fp32(wave.dtype))
         return wave.clamp(-1.0, 1.0) if clamp else wave
 
-    def frame(self, codes: Tensor, state: CodecStreamState) -> Tensor:
-        """One decoder step: the frame at `state.position` of B streams, codes [B, num_quantizers] ->
-        [B, hop] in the compute dtype, unclamped. Advances `state` by one frame."""
-        x = self.embed_codes(codes)[..., None]
-        x = self.pre_conv(x, state)[..., 0]
-        x = self.pre_transformer(x, state)[..., None]
+    def packet(self, codes: Tensor, state: CodecStreamState) -> Tensor:
+        """One pass: the n <= PASS_FRAMES frames from `state.position` on of B streams, codes
+        [B, num_quantizers, n] -> [B, n * hop] in the compute dtype, unclamped. Advances `state` by n."""
+        x = self.pre_conv(self.embed_codes(codes), state)
+        x = self.pre_transformer(x.transpose(1, 2), state).transpose(1, 2)
         for stage in self.upsample:
             x = stage(x, state)
 
@@ -678,19 +715,20 @@ class SpeechDecoder(_Derived):
         x = first_block(first_conv(x, state, bias=False), state, bias)
         for block in blocks:
             x = block(x, state)
-        state.position = state.position + 1
+        state.position = state.position + codes.shape[-1]
         return final_conv(final_activation(x), state)[:, 0]
 
     def embed_codes(self, codes: Tensor) -> Tensor:
         """Split RVQ: codebook 0 and the sum of codebooks 1.. get separate 1x1 projections.
 
-        codes [B, num_quantizers] (one frame) -> [B, codebook_dim]."""
+        codes [B, num_quantizers, n] -> [B, codebook_dim, n]."""
         first = F.embedding(codes[:, 0], self.first_codebook)
-        rest = self.rest_codebooks[self.rest_rows, codes[:, 1:]]
-        return self.first_proj(first) + self.rest_proj(rest.sum(dim=1))
+        rest = self.rest_codebooks[self.rest_rows[:, None], codes[:, 1:]]  # [B, num_quantizers - 1, n, dim]
+        return (self.first_proj(first) + self.rest_proj(rest.sum(dim=1))).transpose(1, 2)
 
     def decode(self, codes: Tensor, clamp: bool = True) -> Tensor:
-        """One-shot decode, a fresh state plus `forward`: codes [B, num_quantizers, T] -> [B, T * hop].
+        """One-shot decode, a fresh state plus `forward` (passes of PASS_FRAMES frames): codes
+        [B, num_quantizers, T] -> [B, T * hop].
 
         Codes must lie in [0, codebook_size): the official -1 batch padding is the caller's to strip."""
         return self(codes, self.new_stream_state(codes.shape[0]), clamp)
@@ -698,7 +736,8 @@ class SpeechDecoder(_Derived):
     def decode_stream(self, codes: Tensor, state: CodecStreamState, clamp: bool = True) -> Tensor:
         """Decode the next packet of one stream: codes [n, num_quantizers] -> [n * hop].
 
-        Concatenating the packets of any schedule equals `decode` of all frames bit for bit."""
+        Concatenating the packets of any schedule equals `decode` of all frames to the rounding of the
+        dtype (module docstring)."""
         return self(codes.T[None], state, clamp)[0]
 
 

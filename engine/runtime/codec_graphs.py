@@ -1,20 +1,24 @@
 """CUDA-graph codec decode over a pool of stream states: the GPU codec backend of `VoiceDesignEngine`.
 
-Why: an eager `SpeechDecoder.forward` is a few hundred small kernels per frame driven from Python (~1,000
-before the fusions in codec.py; about 23 ms per packet on the H200 in the first device run, more than the
-frame step itself). Here one packet of B sessions is one graph replay.
+Why: an eager `SpeechDecoder.forward` is a few hundred small kernels per pass driven from Python (before
+the fusions in codec.py and with a pass per frame, about 23 ms per packet on the H200 in the first device
+run, more than the frame step itself). Here one packet of B sessions is one graph replay.
 
 Layout: every state tensor of `CodecStreamState` lives once, in a pool with one row per engine cache slot
 plus a scratch row (the last). A graph is captured per (batch bucket, frames per packet); it gathers its
-rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code, unchanged; it skips
-compacting the state, which the scatter copies anyway), and scatters the updated states back, all inside
-the graph. Padded rows of a partly filled bucket use the scratch row, whose contents never matter. A
-session's stream starts when `reset(slot)` zeroes its row.
+rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code, unchanged: one pass
+through the decoder for all the packet's frames; it skips compacting the state, which the scatter copies
+anyway), and scatters the updated states back, all inside the graph. Padded rows of a partly filled
+bucket use the scratch row, whose contents never matter. A session's stream starts when `reset(slot)`
+zeroes its row. A graph's activations grow with bucket x frames: the (64, 4) graph's float32 peak is
+about 2.5 GB by its shapes (PASS_FRAMES in codec.py), in the pool all graphs share.
 
 Numerics: the same module code as the eager decoder on the same dtype; float32 decoders run with TF32
-disabled (`fp32_codec`), so float32 stays float32. Several sessions decoded in one batch may round
-differently from each decoded alone (convolution algorithms differ with the batch), at the 1e-6 level
-in float32; the codes, which are what parity is defined on, are unaffected.
+disabled (`fp32_codec`), so float32 stays float32. A graph's GEMMs see N = bucket x frames columns, and
+cuBLAS rounds a column differently for a different N: several sessions decoded in one batch may round
+differently from each decoded alone, and a stream differently from its one-shot decode, at the float32
+rounding of the decoder (a few 1e-6 on CPU; codec.py); the codes, which are what parity is defined on, are
+unaffected.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ if TYPE_CHECKING:
 
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 MAX_PACKET_FRAMES = 4
-"""Packets of 1..4 frames (the engine's and the server's packet sizes) are captured; longer ones are split."""
+"""Packets of 1..4 frames (the engine's and the server's packet sizes) are captured, each as one pass;
+longer ones are split."""
 
 
 @contextmanager
