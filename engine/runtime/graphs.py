@@ -585,6 +585,8 @@ class GraphFrameBackend:
         `ops.set_dependent_launch`, which applies to graphs captured afterwards)."""
         self._decode.clear()
         self._complete.clear()
+        torch.cuda.synchronize()
+        self._pool = torch.cuda.graph_pool_handle()  # the old pool may still back tensors we handed out
 
     def _bucket_of(self, batch: int) -> int:
         bucket = self.bucket(batch)
