@@ -1,12 +1,9 @@
-"""A/B of the one-stream CUDA frame's fusion and launch choices, on a full random snapshot.
+"""A/B of the one-stream CUDA frame with and without programmatic dependent launch (kernels/csrc/launch.cuh),
+on a full random snapshot.
 
 For each mode, the frame graph of bucket 1 is captured once per variant and replayed back to back (no host
-work), so the differences are the GPU's alone:
-- which decoder-block producers run in the prologue of the GEMV they feed (graphs.py: the residual add +
-  RMSNorm before qkv / gate-up / the predictor heads, the SwiGLU before down), for the talker's blocks, the
-  predictor's, both or neither;
-- with and without programmatic dependent launch (kernels/csrc/launch.cuh).
-A torch-profiler kernel table of the unfused and the fused frame (plain launches) goes to --out too.
+work), so the differences are the GPU's alone. A torch-profiler kernel table of the frame (plain launches)
+goes to --out too.
 
 Usage: python benchmarks/device/frame_variants.py --model SNAPSHOT --out DIR
 """
@@ -16,13 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
 from qwen3_tts_native.engine.config import load_config
@@ -31,40 +25,7 @@ from qwen3_tts_native.engine.runtime import graphs
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.modes import resolve_mode
 
-TALKER_HIDDEN = 2048
-"""The talker's width (the predictor's is 1024): tells the two apart inside `graphs`."""
 REPLAYS = 30
-
-NORM_LINEAR = graphs._Residual.norm_linear
-SWIGLU = graphs.Weight.swiglu
-
-
-@contextmanager
-def fusion(talker: bool, predictor: bool) -> Iterator[None]:
-    """Keep the prologue fusions for the talker's and/or the predictor's blocks only."""
-
-    def fused(width: int) -> bool:
-        return talker if width >= TALKER_HIDDEN else predictor
-
-    def norm_linear(self: Any, weight: Tensor, eps: float, linear: Any) -> Any:
-        if fused(self.x.shape[-1]):
-            return NORM_LINEAR(self, weight, eps, linear)
-        h, done = self.norm(weight, eps)
-        return linear(h), done
-
-    def swiglu(self: Any, gate_up: Tensor) -> Tensor:
-        width = self.dense.shape[1]
-        if fused(width // 3):  # intermediate = 3 x hidden for both models
-            return SWIGLU(self, gate_up)
-        return self(ops.silu_mul(gate_up[:, :width], gate_up[:, width:]))
-
-    graphs._Residual.norm_linear = norm_linear  # type: ignore[method-assign]
-    graphs.Weight.swiglu = swiglu  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        graphs._Residual.norm_linear = NORM_LINEAR  # type: ignore[method-assign]
-        graphs.Weight.swiglu = SWIGLU  # type: ignore[method-assign]
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
@@ -102,34 +63,26 @@ def main() -> int:
     base = VoiceDesignEngine.load(
         timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1, max_context=512, accelerate=False
     )
-    variants = {
-        "unfused": (False, False),
-        "fused": (True, True),
-        "fused_talker_only": (True, False),
-        "fused_predictor_only": (False, True),
-    }
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
     tables = []
     for mode_name in [m for m in args.modes.split(",") if m]:
         mode = resolve_mode(mode_name)
         backend = graphs.GraphFrameBackend(base.talker, base.predictor, mode, buckets=(1,))
         undo = graphs.install(base, backend)
-        session = base.start_session(make_request(REPLAYS * 40, seed=7))
+        session = base.start_session(make_request(300, seed=7))
         figures: dict[str, float] = {}
         try:
             base.prefill(session)
-            for name, (talker, predictor) in variants.items():
-                for dependent in (False, True):
-                    with fusion(talker, predictor):
-                        ops.set_dependent_launch(dependent)
-                        backend.release_graphs()
-                        base.step([session])  # captures bucket 1 with this variant
-                        figures[name + ("+pdl" if dependent else "")] = replay_ms(backend.decode_graph(1))
-                        if not dependent and name in ("unfused", "fused"):
-                            table = kernel_table(base, session)
-                            tables.append(f"# {mode_name}, {name}, plain launches\n{table}\n")
-                    ops.set_dependent_launch(True)
+            for dependent in (False, True):
+                ops.set_dependent_launch(dependent)
+                backend.release_graphs()
+                base.step([session])  # captures bucket 1 with this launch kind
+                label = "dependent_launch" if dependent else "plain_launch"
+                figures[label] = replay_ms(backend.decode_graph(1))
+                if not dependent:
+                    tables.append(f"# {mode_name}, plain launches\n{kernel_table(base, session)}\n")
         finally:
+            ops.set_dependent_launch(True)
             base.release(session)
             undo()
             backend.release_graphs()

@@ -1,7 +1,7 @@
 """Micro-benchmarks of the decode kernels at the model's shapes on the GPU: achieved GB/s of the GEMV
 (bf16 / int8 / fp8 weights) against torch (F.linear and the reference layers.linear) and FP8 W8A8
-torch._scaled_mm, the one-row GEMV inside a CUDA graph (as a frame runs it) by rows per warp, with and
-without programmatic dependent launch, the attention kernel against the reference, and the sampler.
+torch._scaled_mm, the one-row GEMV inside a CUDA graph (as a frame runs it) with and without programmatic
+dependent launch, the attention kernel against the reference, and the sampler.
 Writes JSON to --out."""
 
 # ruff: noqa: B023  (every closure is timed inside the loop iteration that defines it)
@@ -86,8 +86,7 @@ GRAPH_CALLS = 24
 def graph_gemv_table() -> list[dict[str, Any]]:
     """One activation row through `GRAPH_CALLS` back-to-back GEMVs captured in one CUDA graph, each on its
     own copy of the weight from a ring larger than twice L2 (so nothing is served from cache): the per-call
-    cost as a frame's graph sees it, gaps included. By rows per warp (1, 2, 4) and with dependent launch on
-    and off."""
+    cost as a frame's graph sees it, gaps included. With dependent launch on and off."""
     ext = loader.load()
     assert ext is not None
     rows = []
@@ -102,17 +101,16 @@ def graph_gemv_table() -> list[dict[str, Any]]:
             x = torch.randn(1, k, device="cuda", dtype=BF16)
             out = torch.empty(1, m, device="cuda", dtype=BF16)
             entry: dict[str, Any] = {"op": name, "weights": kind, "k": k, "m": m}
-            for rows_per_warp in (1, 2, 4):
-                for dependent in (True, False):
-                    ops.set_dependent_launch(dependent)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for call in range(GRAPH_CALLS):
-                            ext.gemv(out, x, ring[call % copies], scale, None, rows_per_warp)
-                    us = bench_us(graph.replay) / GRAPH_CALLS
-                    label = f"rows_per_warp={rows_per_warp}" + ("" if dependent else ",no_pdl")
-                    weight_bytes = data.numel() * data.element_size()
-                    entry[label] = {"us": round(us, 2), "weight_gbps": round(weight_bytes / us / 1e3, 1)}
+            for dependent in (True, False):
+                ops.set_dependent_launch(dependent)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for call in range(GRAPH_CALLS):
+                        ext.gemv(out, x, ring[call % copies], scale, None)
+                us = bench_us(graph.replay) / GRAPH_CALLS
+                label = "dependent_launch" if dependent else "plain_launch"
+                weight_bytes = data.numel() * data.element_size()
+                entry[label] = {"us": round(us, 2), "weight_gbps": round(weight_bytes / us / 1e3, 1)}
             ops.set_dependent_launch(True)
             rows.append(entry)
             del ring

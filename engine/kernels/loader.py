@@ -24,11 +24,10 @@ SOURCES = (
     "attention.cu",
     "swiglu.cu",
     "gemv.cu",
-    "gemv_fused.cu",
     "sampling.cu",
     "snake.cu",
 )
-HEADERS = ("common.cuh", "gemv.cuh", "launch.cuh", "launchers.h")
+HEADERS = ("common.cuh", "launch.cuh", "launchers.h")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"
 CACHE_ENV = "QWEN3_TTS_KERNEL_CACHE"
 

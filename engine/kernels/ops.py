@@ -18,11 +18,9 @@ from .reference import QuantizedWeight
 __all__ = [
     "QuantizedWeight",
     "add_rms_norm_",
-    "add_rms_norm_linear",
     "decode_attention",
     "kernels_available",
     "linear",
-    "linear_silu_mul",
     "qk_norm_rope_cache",
     "rms_norm",
     "sample_predictor",
@@ -174,101 +172,29 @@ def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor 
     return out
 
 
-SILU_GEMV_MAX_WIDTH = 24576
-"""linear_silu_mul's widest input in the kernel: one SwiGLU row in its 48 KB of shared memory."""
-NORM_GEMV_MAX_HIDDEN = 8192
-"""add_rms_norm_linear's widest row in the kernel (norm.cu's limit: 256 threads x 4 vectors of 8)."""
-
-
-def _gemv_weight(
-    weight: Tensor | QuantizedWeight, bias: Tensor | None, width: int
-) -> tuple[Tensor, Tensor | None] | None:
-    """(data, scale) of W for the GEMV kernels when W, the bias and the input width suit them, else None."""
-    data = weight if isinstance(weight, Tensor) else weight.data
-    ok = (
-        data.is_cuda
-        and (bias is None or (bias.is_cuda and bias.dtype == torch.bfloat16))
-        and data.dtype in (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
-        and width % 16 == 0
-    )
-    if not ok:
-        return None
-    return data, None if isinstance(weight, Tensor) else weight.scale
-
-
 def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """x @ W^T (+ bias) for bf16 or weight-only 8-bit W, one warp per output row (batch invariant).
 
     Kernel tolerance vs the reference: bf16 W, 1e-2 relative L2 (fp32 accumulation in another order);
     8-bit W, 1e-2 relative L2 against the fp32 product of the stored codes.
     """
+    data = weight if isinstance(weight, Tensor) else weight.data
     ext = _ext(x, dtype=torch.bfloat16)
     rows = _rows(x) if ext is not None else None
-    args = _gemv_weight(weight, bias, x.shape[-1])
-    if ext is None or rows is None or args is None:
+    ok = (
+        ext is not None
+        and rows is not None
+        and data.is_cuda
+        and (bias is None or (bias.is_cuda and bias.dtype == torch.bfloat16))
+        and data.dtype in (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+        and x.shape[-1] % 16 == 0
+    )
+    if not ok or ext is None or rows is None:
         return reference.linear(x, weight, bias)
-    data, scale = args
     out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
+    scale = None if isinstance(weight, Tensor) else weight.scale
     ext.gemv(out, rows, data, scale, bias)
     return out.view(*x.shape[:-1], data.shape[0])
-
-
-def linear_silu_mul(gate_up: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
-    """linear(silu_mul(gate, up), W, bias) with gate_up = [gate | up] (the fused gate/up product), in one
-    kernel: the GEMV computes the SwiGLU of its rows into shared memory first, which saves silu_mul's launch
-    and the round trip of its output. Bit-identical to `silu_mul` then `linear` (their expressions, roundings
-    and reduction order)."""
-    width = weight.shape[1]
-    gate, up = gate_up[..., :width], gate_up[..., width:]
-    ext = _ext(gate_up)
-    g, u = (_rows(gate), _rows(up)) if ext is not None else (None, None)
-    args = _gemv_weight(weight, bias, width)
-    if ext is None or g is None or u is None or args is None or width > SILU_GEMV_MAX_WIDTH:
-        return reference.linear_silu_mul(gate_up, weight, bias)
-    data, scale = args
-    out = torch.empty(g.shape[0], data.shape[0], dtype=gate_up.dtype, device=gate_up.device)
-    ext.silu_mul_gemv(out, g, u, data, scale, bias)
-    return out.view(*gate_up.shape[:-1], data.shape[0])
-
-
-def _norm_rows(delta: Tensor | None, residual: Tensor) -> tuple[Tensor | None, Tensor] | None:
-    """delta and residual as kernel rows (see `_rows`), or None when either cannot be viewed so."""
-    res = _rows(residual)
-    if res is None or residual.shape[-1] > NORM_GEMV_MAX_HIDDEN:
-        return None
-    if delta is None:
-        return None, res
-    rows = _rows(delta) if delta.shape == residual.shape else None
-    return None if rows is None else (rows, res)
-
-
-def add_rms_norm_linear(
-    delta: Tensor | None,
-    residual: Tensor,
-    norm_weight: Tensor,
-    eps: float,
-    weight: Tensor | QuantizedWeight,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(linear(rms_norm(s), W, bias), s) with s = residual + delta, or s = residual when delta is None.
-
-    One kernel instead of two: every block of the GEMV computes the norm of the rows into shared memory
-    (they are at most a few rows of 1-2K), and one block writes s to a new tensor; `residual` is never
-    written, since the other blocks are still reading it. Bit-identical to `add_rms_norm_` (or `rms_norm`)
-    then `linear`: norm.cu's expressions and reduction, the GEMV's reduction order.
-    """
-    tensors = (residual, norm_weight) if delta is None else (delta, residual, norm_weight)
-    ext = _ext(*tensors)
-    rows = _norm_rows(delta, residual) if ext is not None else None
-    args = _gemv_weight(weight, bias, residual.shape[-1])
-    if ext is None or rows is None or args is None or not norm_weight.is_contiguous():
-        return reference.add_rms_norm_linear(delta, residual, norm_weight, eps, weight, bias)
-    (d, res), (data, scale) = rows, args
-    out = torch.empty(res.shape[0], data.shape[0], dtype=res.dtype, device=res.device)
-    summed = None if d is None else torch.empty(res.shape, dtype=res.dtype, device=res.device)
-    ext.add_rms_norm_gemv(out, summed, d, res, norm_weight, eps, data, scale, bias)
-    out = out.view(*residual.shape[:-1], data.shape[0])
-    return out, residual if summed is None else summed.view(residual.shape)
 
 
 @lru_cache(maxsize=8)

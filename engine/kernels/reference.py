@@ -124,28 +124,6 @@ def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = No
     return out.to(x.dtype)
 
 
-def linear_silu_mul(gate_up: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
-    """linear(silu_mul(gate, up)) with gate_up = [gate | up] along the last dim, each as wide as W's input."""
-    width = weight.shape[1]
-    return linear(silu_mul(gate_up[..., :width], gate_up[..., width:]), weight, bias)
-
-
-def add_rms_norm_linear(
-    delta: Tensor | None,
-    residual: Tensor,
-    norm_weight: Tensor,
-    eps: float,
-    weight: Tensor | QuantizedWeight,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(linear(rms_norm(s)), s) with s = residual + delta (model dtype), or s = residual when delta is None.
-
-    The add of `add_rms_norm_`, but into a new tensor: `residual` is left as it is.
-    """
-    summed = residual if delta is None else residual + delta
-    return linear(layers.rms_norm(summed, norm_weight, eps), weight, bias), summed
-
-
 def sample(
     logits: Tensor,
     uniforms: Tensor,

@@ -9,9 +9,7 @@ cache's scratch slot (the last one) at position 0, so they never touch a live se
 The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fused kernels of
 engine/kernels (ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write, flash-decoding
 attention over each row's live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for
-products of fewer than `mode.gemm_min_rows` rows, which also compute their input in their prologue (the
-residual add + RMSNorm before qkv, gate/up and the predictor's heads, the SwiGLU before down: a decoder
-block is 6 kernels instead of 9, with the same result). Larger products run on cuBLAS (F.linear, bf16
+products of fewer than `mode.gemm_min_rows` rows. Larger products run on cuBLAS (F.linear, bf16
 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8 rows on
 (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of all the sessions prefilled together are the rows of one pass, one row per token
@@ -72,22 +70,10 @@ class Weight:
     small: Tensor | QuantizedWeight
     gemm_min_rows: int
 
-    def gemv(self, x: Tensor) -> bool:
-        """Whether the product with x's rows runs on the GEMV (few rows, or no GPU) rather than on cuBLAS."""
-        return x.shape[0] < self.gemm_min_rows or not x.is_cuda
-
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        if self.gemv(x):
-            return ops.linear(x, self.small, bias)
-        return F.linear(x, self.dense, bias)
-
-    def swiglu(self, gate_up: Tensor) -> Tensor:
-        """This projection of SiLU(gate) * up, gate_up = [gate | up]: on the GEMV path the SwiGLU is computed
-        in the GEMV's prologue (one kernel instead of two, the same result)."""
-        if self.gemv(gate_up):
-            return ops.linear_silu_mul(gate_up, self.small)
-        width = self.dense.shape[1]
-        return self(ops.silu_mul(gate_up[:, :width], gate_up[:, width:]))
+        if x.shape[0] >= self.gemm_min_rows and x.is_cuda:
+            return F.linear(x, self.dense, bias)
+        return ops.linear(x, self.small, bias)
 
 
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
@@ -137,6 +123,7 @@ class _Block:
     down: Weight
     q_width: int
     kv_width: int
+    intermediate: int
 
     @classmethod
     def from_module(cls, block: torch.nn.Module, mode: Mode) -> _Block:
@@ -154,41 +141,13 @@ class _Block:
             down=_prepare(b.down_proj.weight, mode),
             q_width=q.shape[0],
             kv_width=k.shape[0],
+            intermediate=gate.shape[0],
         )
-
-
-@dataclass(frozen=True)
-class _Residual:
-    """The residual stream: `x`, plus a block output `delta` not yet added to it (None when there is none).
-
-    The add is left to the RMSNorm that reads the stream next. On the GEMV path that norm runs in the
-    prologue of the GEMV it feeds (ops.add_rms_norm_linear: add, norm and product in one kernel, the sum
-    written to a new tensor); elsewhere it is the add + norm kernel, which updates `x` in place.
-    """
-
-    x: Tensor
-    delta: Tensor | None = None
-
-    def norm(self, weight: Tensor, eps: float) -> tuple[Tensor, _Residual]:
-        """RMSNorm(x + delta), and the stream with the add done."""
-        if self.delta is None:
-            return ops.rms_norm(self.x, weight, eps), self
-        return ops.add_rms_norm_(self.delta, self.x, weight, eps), _Residual(self.x)
-
-    def norm_linear(self, weight: Tensor, eps: float, linear: Weight) -> tuple[Tensor, _Residual]:
-        """linear(RMSNorm(x + delta)), and the stream with the add done."""
-        if linear.gemv(self.x):
-            out, x = ops.add_rms_norm_linear(self.delta, self.x, weight, eps, linear.small)
-            return out, _Residual(x)
-        h, done = self.norm(weight, eps)
-        return linear(h), done
-
-    def rows(self, index: slice) -> _Residual:
-        return _Residual(self.x[index], None if self.delta is None else self.delta[index])
 
 
 def _run_blocks(
     blocks: list[_Block],
+    final_norm: Tensor,
     x: Tensor,
     eps: float,
     cos: Tensor,
@@ -198,28 +157,26 @@ def _run_blocks(
     cache_k: Tensor,
     cache_v: Tensor,
     scale: float,
-) -> _Residual:
-    """One token per row through every block, from the residual stream x [N, H] (which may be updated in
-    place).
+) -> Tensor:
+    """One token per row through every block (residual stream `x` [N, H] is updated in place).
 
-    Each residual add is fused into the next RMSNorm, and on the GEMV path each norm into the GEMV it feeds,
-    as is the SwiGLU into the down projection: 6 kernels a block instead of 9. Returns the stream with the
-    last block's output not yet added, so that the final norm can run in the prologue of its consumer's
-    GEMV too (the predictor's heads); where the post-norm hidden itself is needed (the talker's), call
-    `norm` on it.
+    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm.
     """
     lengths = positions + 1
-    stream = _Residual(x)
+    h = ops.rms_norm(x, blocks[0].input_norm, eps)
     for index, blk in enumerate(blocks):
-        qkv, stream = stream.norm_linear(blk.input_norm, eps, blk.qkv)
+        qkv = blk.qkv(h)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         q = ops.qk_norm_rope_cache(
             q, k, v, blk.q_norm, blk.k_norm, cos, sin, positions, slots, cache_k[index], cache_v[index], eps
         )
         attended = ops.decode_attention(q, cache_k[index], cache_v[index], slots, lengths, scale)
-        gate_up, stream = _Residual(stream.x, blk.o(attended)).norm_linear(blk.post_norm, eps, blk.gate_up)
-        stream = _Residual(stream.x, blk.down.swiglu(gate_up))
-    return stream
+        h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
+        gate_up = blk.gate_up(h)
+        mlp = ops.silu_mul(gate_up[:, : blk.intermediate], gate_up[:, blk.intermediate :])
+        following = blocks[index + 1].input_norm if index + 1 < len(blocks) else final_norm
+        h = ops.add_rms_norm_(blk.down(mlp), x, following, eps)
+    return h
 
 
 class KernelFrame:
@@ -281,8 +238,9 @@ class KernelFrame:
         post-norm hidden [N, H]."""
         x = embeds.contiguous()
         t = self.talker
-        stream = _run_blocks(
+        return _run_blocks(
             self.talker_blocks,
+            t.norm.weight,
             x,
             self.talker_eps,
             t.rope_cos,
@@ -293,7 +251,6 @@ class KernelFrame:
             cache.v,
             self.talker_scale,
         )
-        return stream.norm(t.norm.weight, self.talker_eps)[0]
 
     def _predict(self, hidden: Tensor, cb0_embed: Tensor, rows: FrameRows) -> Tensor:
         """Codebooks 1..15: step 0 runs both prefix tokens as 2B rows (causal by position), then 14 steps."""
@@ -309,19 +266,20 @@ class KernelFrame:
         pair_slots = row_slots.repeat_interleave(2)
         pair_positions = torch.arange(2, device=device).repeat(batch)
         x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
-        stream = _run_blocks(
-            blocks, x, eps, p.rope_cos, p.rope_sin, pair_positions, pair_slots, cache_k, cache_v, scale
-        ).rows(slice(1, None, 2))
+        h = _run_blocks(
+            blocks, final, x, eps, p.rope_cos, p.rope_sin, pair_positions, pair_slots, cache_k, cache_v, scale
+        )[1::2]
         codes = []
         for group in range(self.groups):
-            logits = stream.norm_linear(final, eps, self.heads[group])[0].float()
+            logits = self.heads[group](h.contiguous()).float()
             code = ops.sample_predictor(logits, rows.uniforms[:, 1 + group], rows.predictor_sampling)
             codes.append(code)
             if group + 1 < self.groups:
                 x = self.projection(p.embed(code, group), self.projection_bias)
                 positions = torch.full((batch,), group + 2, dtype=torch.int64, device=device)
-                stream = _run_blocks(
+                h = _run_blocks(
                     blocks,
+                    final,
                     x,
                     eps,
                     p.rope_cos,

@@ -67,37 +67,6 @@ def test_linear_falls_back_for_bf16_and_8bit() -> None:
         assert rel < (0.02 if kind == "int8" else 0.08)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
-def test_fused_gemv_ops_fall_back_to_the_unfused_ops_exactly(dtype: torch.dtype, kind: str) -> None:
-    """linear_silu_mul and add_rms_norm_linear without CUDA are silu_mul / add_rms_norm_ (or rms_norm) then
-    linear, bit for bit, also on strided rows (the predictor's step-0 rows [1::2]); the residual passed in
-    is left as it was, and the sum is returned instead."""
-    g = torch.Generator().manual_seed(7)
-    hidden, width, out_features = 64, 96, 48
-    w_down = torch.randn(out_features, width, generator=g).to(dtype)
-    w_up = torch.randn(out_features, hidden, generator=g).to(dtype)
-    down = w_down if kind == "bf16" else reference.quantize_weight(w_down, kind)
-    proj = w_up if kind == "bf16" else reference.quantize_weight(w_up, kind)
-    bias = torch.randn(out_features, generator=g).to(dtype)
-    gate_up = torch.randn(3, 2 * width, generator=g).to(dtype)
-    expected = ops.linear(ops.silu_mul(gate_up[:, :width], gate_up[:, width:]), down, bias)
-    assert torch.equal(ops.linear_silu_mul(gate_up, down, bias), expected)
-    norm = torch.randn(hidden, generator=g).to(dtype)
-    for rows in (slice(None), slice(1, None, 2)):
-        residual = torch.randn(6, hidden, generator=g).to(dtype)[rows]
-        delta = torch.randn(6, hidden, generator=g).to(dtype)[rows]
-        before = residual.clone()
-        summed = before.clone()
-        expected = ops.linear(ops.add_rms_norm_(delta, summed, norm, 1e-6), proj)
-        out, new_residual = ops.add_rms_norm_linear(delta, residual, norm, 1e-6, proj)
-        assert torch.equal(out, expected) and torch.equal(new_residual, summed)
-        assert torch.equal(residual, before)
-        out, same = ops.add_rms_norm_linear(None, residual, norm, 1e-6, proj, bias)
-        assert torch.equal(out, ops.linear(ops.rms_norm(residual, norm, 1e-6), proj, bias))
-        assert same is residual
-
-
 def test_attention_and_cache_write_fall_back() -> None:
     g = torch.Generator().manual_seed(2)
     batch, heads, kv_heads, dim, max_len = 3, 4, 2, 16, 12

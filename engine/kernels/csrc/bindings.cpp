@@ -110,8 +110,7 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
-void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-          int64_t rows_per_warp) {
+void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
   check(x, "x", at::kBFloat16);
   check(y, "y", at::kBFloat16);
   check_rows(x, "x");
@@ -141,7 +140,7 @@ void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> sc
   TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == w.size(0), "y must be [n, out]");
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), w.size(0), x.stride(0),
-                 y.stride(0), kind, static_cast<int>(rows_per_warp), stream()),
+                 y.stride(0), kind, stream()),
      "gemv");
 }
 
@@ -230,98 +229,6 @@ void set_dependent_launch(bool enabled) { q3tts::dependent_launch_enabled() = en
 
 }  // namespace
 
-namespace {
-
-// The GEMV weight arguments of the fused ops, checked as `gemv` checks them.
-struct FusedWeight {
-  const void* w;
-  const float* scale;
-  const void* bias;
-  q3tts::WeightKind kind;
-};
-
-FusedWeight fused_weight(const at::Tensor& w, int64_t in, const c10::optional<at::Tensor>& scale,
-                         const c10::optional<at::Tensor>& bias) {
-  check_cuda(w, "w");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == in, "w must be contiguous [out, in]");
-  FusedWeight f{w.data_ptr(), nullptr, nullptr, q3tts::WeightKind::kBf16};
-  switch (w.scalar_type()) {
-    case at::kBFloat16: f.kind = q3tts::WeightKind::kBf16; break;
-    case at::kChar: f.kind = q3tts::WeightKind::kInt8; break;
-    case at::kFloat8_e4m3fn: f.kind = q3tts::WeightKind::kFp8E4M3; break;
-    default: TORCH_CHECK(false, "w must be bf16, int8 or float8_e4m3fn");
-  }
-  if (scale.has_value()) {
-    check(*scale, "scale", at::kFloat);
-    TORCH_CHECK(scale->is_contiguous() && scale->numel() == w.size(0), "scale must be [out]");
-    f.scale = scale->data_ptr<float>();
-  }
-  TORCH_CHECK(f.kind == q3tts::WeightKind::kBf16 || f.scale != nullptr, "8-bit weights need a scale");
-  if (bias.has_value()) {
-    check(*bias, "bias", at::kBFloat16);
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0), "bias must be [out]");
-    f.bias = bias->data_ptr();
-  }
-  return f;
-}
-
-void check_fused_out(const at::Tensor& y, int64_t rows, const at::Tensor& w) {
-  check(y, "y", at::kBFloat16);
-  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1 && y.size(0) == rows && y.size(1) == w.size(0),
-              "y must be [n, out] with unit inner stride");
-}
-
-void silu_mul_gemv(at::Tensor y, at::Tensor gate, at::Tensor up, at::Tensor w, c10::optional<at::Tensor> scale,
-                   c10::optional<at::Tensor> bias) {
-  check(gate, "gate", at::kBFloat16);
-  check(up, "up", at::kBFloat16);
-  check_rows(gate, "gate");
-  check_rows(up, "up");
-  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must have the same shape");
-  const FusedWeight f = fused_weight(w, gate.size(1), scale, bias);
-  check_fused_out(y, gate.size(0), w);
-  const c10::cuda::CUDAGuard guard(gate.device());
-  ok(q3tts::silu_mul_gemv(y.data_ptr(), gate.data_ptr(), up.data_ptr(), gate.stride(0), up.stride(0), f.w, f.scale,
-                          f.bias, gate.size(0), gate.size(1), w.size(0), y.stride(0), f.kind, stream()),
-     "silu_mul_gemv");
-}
-
-void add_rms_norm_gemv(at::Tensor y, c10::optional<at::Tensor> new_residual, c10::optional<at::Tensor> delta,
-                       at::Tensor residual, at::Tensor norm_weight, double eps, at::Tensor w,
-                       c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
-  check(residual, "residual", at::kBFloat16);
-  check(norm_weight, "norm_weight", at::kBFloat16);
-  check_rows(residual, "residual");
-  TORCH_CHECK(norm_weight.is_contiguous() && norm_weight.numel() == residual.size(1), "norm_weight must be [hidden]");
-  TORCH_CHECK(delta.has_value() == new_residual.has_value(), "delta and new_residual come together");
-  void* out_residual = nullptr;
-  const void* d = nullptr;
-  int64_t delta_stride = 0, new_stride = 0;
-  if (delta.has_value()) {
-    check(*delta, "delta", at::kBFloat16);
-    check(*new_residual, "new_residual", at::kBFloat16);
-    check_rows(*delta, "delta");
-    check_rows(*new_residual, "new_residual");
-    TORCH_CHECK(delta->sizes() == residual.sizes() && new_residual->sizes() == residual.sizes(),
-                "delta and new_residual must be shaped like residual");
-    TORCH_CHECK(new_residual->data_ptr() != residual.data_ptr() && new_residual->data_ptr() != delta->data_ptr(),
-                "new_residual must be a separate tensor");
-    d = delta->data_ptr();
-    delta_stride = delta->stride(0);
-    out_residual = new_residual->data_ptr();
-    new_stride = new_residual->stride(0);
-  }
-  const FusedWeight f = fused_weight(w, residual.size(1), scale, bias);
-  check_fused_out(y, residual.size(0), w);
-  const c10::cuda::CUDAGuard guard(residual.device());
-  ok(q3tts::add_rms_norm_gemv(y.data_ptr(), out_residual, d, residual.data_ptr(), delta_stride, residual.stride(0),
-                              new_stride, norm_weight.data_ptr(), static_cast<float>(eps), f.w, f.scale, f.bias,
-                              residual.size(0), residual.size(1), w.size(0), y.stride(0), f.kind, stream()),
-     "add_rms_norm_gemv");
-}
-
-}  // namespace
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "qwen3-tts-native CUDA kernels";
   m.def("rms_norm", &rms_norm);
@@ -329,11 +236,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention_workspace", &decode_attention_workspace);
   m.def("decode_attention", &decode_attention);
   m.def("silu_mul", &silu_mul);
-  m.def("gemv", &gemv, py::arg("y"), py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("bias"),
-        py::arg("rows_per_warp") = 0);
+  m.def("gemv", &gemv);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("set_dependent_launch", &set_dependent_launch);
-  m.def("silu_mul_gemv", &silu_mul_gemv);
-  m.def("add_rms_norm_gemv", &add_rms_norm_gemv);
 }

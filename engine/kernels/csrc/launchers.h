@@ -37,10 +37,8 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
 
 // y[n, :m] = bf16(x[n, :k] @ W[m, k]^T * scale[m] + bias[m]); scale may be null (bf16 weights),
 // bias may be null. Each output row's reduction order is fixed, whatever n is (batch invariant).
-// rows_per_warp (1, 2 or 4; 0 = the default) applies to n < 4 only and never changes the result.
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
-                 int k, int m, int x_stride, int y_stride, WeightKind kind, int rows_per_warp,
-                 cudaStream_t stream);
+                 int k, int m, int x_stride, int y_stride, WeightKind kind, cudaStream_t stream);
 
 // out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
 // null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
@@ -75,24 +73,5 @@ struct SamplingArgs {
   int out_stride;
 };
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream);
-
-}  // namespace q3tts
-
-namespace q3tts {
-
-// gemv (one warp per output row, the same per-row reduction order and rounding) of x = silu_mul(gate, up)
-// computed in the GEMV's prologue: y[n, :m] = bf16(bf16(bf16(silu(gate)) * up) @ W[m, k]^T * scale + bias),
-// bit-identical to silu_mul then gemv. gate/up are [n, k], rows `*_stride` elements apart.
-cudaError_t silu_mul_gemv(void* y, const void* gate, const void* up, int gate_stride, int up_stride, const void* w,
-                          const float* scale, const void* bias, int n, int k, int m, int y_stride,
-                          WeightKind kind, cudaStream_t stream);
-
-// gemv of x = rms_norm's output over s = bf16(residual + delta) (s = residual when delta is null), computed in
-// the GEMV's prologue; s is written to new_residual (a separate tensor: other blocks still read residual;
-// unused when delta is null). Bit-identical to rms_norm (with residual) then gemv. k <= 8192.
-cudaError_t add_rms_norm_gemv(void* y, void* new_residual, const void* delta, const void* residual,
-                              int delta_stride, int residual_stride, int new_stride, const void* norm_weight,
-                              float eps, const void* w, const float* scale, const void* bias, int n, int k, int m,
-                              int y_stride, WeightKind kind, cudaStream_t stream);
 
 }  // namespace q3tts
