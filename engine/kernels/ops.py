@@ -21,6 +21,7 @@ __all__ = [
     "decode_attention",
     "kernels_available",
     "linear",
+    "linear_swiglu",
     "qk_norm_rope_cache",
     "rms_norm",
     "sample_predictor",
@@ -172,29 +173,52 @@ def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor 
     return out
 
 
+def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None):  # type: ignore[no-untyped-def]
+    """(extension, x rows, weight data, scale) when the GEMV kernel takes these operands, else None."""
+    data = weight if isinstance(weight, Tensor) else weight.data
+    ext = _ext(x, dtype=torch.bfloat16)
+    rows = _rows(x) if ext is not None else None
+    ok = (
+        rows is not None
+        and data.is_cuda
+        and (bias is None or (bias.is_cuda and bias.dtype == torch.bfloat16))
+        and data.dtype in (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+        and x.shape[-1] % 16 == 0
+    )
+    if not ok:
+        return None
+    return ext, rows, data, None if isinstance(weight, Tensor) else weight.scale
+
+
 def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """x @ W^T (+ bias) for bf16 or weight-only 8-bit W, one warp per output row (batch invariant).
 
     Kernel tolerance vs the reference: bf16 W, 1e-2 relative L2 (fp32 accumulation in another order);
     8-bit W, 1e-2 relative L2 against the fp32 product of the stored codes.
     """
-    data = weight if isinstance(weight, Tensor) else weight.data
-    ext = _ext(x, dtype=torch.bfloat16)
-    rows = _rows(x) if ext is not None else None
-    ok = (
-        ext is not None
-        and rows is not None
-        and data.is_cuda
-        and (bias is None or (bias.is_cuda and bias.dtype == torch.bfloat16))
-        and data.dtype in (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
-        and x.shape[-1] % 16 == 0
-    )
-    if not ok or ext is None or rows is None:
+    operands = _gemv_operands(x, weight, bias)
+    if operands is None:
         return reference.linear(x, weight, bias)
+    ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
-    scale = None if isinstance(weight, Tensor) else weight.scale
     ext.gemv(out, rows, data, scale, bias)
     return out.view(*x.shape[:-1], data.shape[0])
+
+
+def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
+    """SiLU(x @ gate^T) * (x @ up^T) for the fused weight gate_up = [gate; up] [2I, in]: [.., I].
+
+    One kernel instead of the GEMV and `silu_mul`: a warp computes gate row i and up row I + i and writes
+    only their SwiGLU, so the [.., 2I] product never goes to memory. Bit-identical to `linear` then
+    `silu_mul` (the same products, rounded the same way, and swiglu.cu's expression).
+    """
+    operands = _gemv_operands(x, gate_up, None)
+    if operands is None or gate_up.shape[0] % 2:
+        return reference.linear_swiglu(x, gate_up)
+    ext, rows, data, scale = operands
+    out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
+    ext.gemv_swiglu(out, rows, data, scale)
+    return out.view(*x.shape[:-1], data.shape[0] // 2)
 
 
 @lru_cache(maxsize=8)

@@ -124,6 +124,13 @@ def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = No
     return out.to(x.dtype)
 
 
+def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
+    """SiLU(gate) * up of the product with the fused weight [gate; up] (gate rows first)."""
+    product = linear(x, gate_up)
+    width = product.shape[-1] // 2
+    return silu_mul(product[..., :width], product[..., width:])
+
+
 def sample(
     logits: Tensor,
     uniforms: Tensor,

@@ -9,7 +9,9 @@ cache's scratch slot (the last one) at position 0, so they never touch a live se
 The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fused kernels of
 engine/kernels (ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write, flash-decoding
 attention over each row's live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for
-products of fewer than `mode.gemm_min_rows` rows. Larger products run on cuBLAS (F.linear, bf16
+products of fewer than `mode.gemm_min_rows` rows (the gate/up GEMV writes the SwiGLU directly). Every kernel
+is launched with programmatic dependent launch (kernels/csrc/launch.cuh), so inside the graph a kernel's
+launch overlaps the end of the one before it. Larger products run on cuBLAS (F.linear, bf16
 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8 rows on
 (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of all the sessions prefilled together are the rows of one pass, one row per token
@@ -71,9 +73,21 @@ class Weight:
     gemm_min_rows: int
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        if x.shape[0] >= self.gemm_min_rows and x.is_cuda:
+        if self._dense_rows(x):
             return F.linear(x, self.dense, bias)
         return ops.linear(x, self.small, bias)
+
+    def swiglu(self, x: Tensor) -> Tensor:
+        """SiLU(gate) * up for this fused [gate; up] weight: on the GEMV path one kernel that writes only the
+        SwiGLU (ops.linear_swiglu), on cuBLAS the product then `silu_mul`; the same result either way."""
+        if not self._dense_rows(x):
+            return ops.linear_swiglu(x, self.small)
+        gate_up = F.linear(x, self.dense)
+        width = gate_up.shape[1] // 2
+        return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
+
+    def _dense_rows(self, x: Tensor) -> bool:
+        return x.shape[0] >= self.gemm_min_rows and x.is_cuda
 
 
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
@@ -123,7 +137,6 @@ class _Block:
     down: Weight
     q_width: int
     kv_width: int
-    intermediate: int
 
     @classmethod
     def from_module(cls, block: torch.nn.Module, mode: Mode) -> _Block:
@@ -141,7 +154,6 @@ class _Block:
             down=_prepare(b.down_proj.weight, mode),
             q_width=q.shape[0],
             kv_width=k.shape[0],
-            intermediate=gate.shape[0],
         )
 
 
@@ -172,8 +184,7 @@ def _run_blocks(
         )
         attended = ops.decode_attention(q, cache_k[index], cache_v[index], slots, lengths, scale)
         h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
-        gate_up = blk.gate_up(h)
-        mlp = ops.silu_mul(gate_up[:, : blk.intermediate], gate_up[:, blk.intermediate :])
+        mlp = blk.gate_up.swiglu(h)
         following = blocks[index + 1].input_norm if index + 1 < len(blocks) else final_norm
         h = ops.add_rms_norm_(blk.down(mlp), x, following, eps)
     return h

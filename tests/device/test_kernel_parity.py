@@ -121,6 +121,23 @@ def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore
     assert torch.equal(ops.linear(x[-1:], weight, bias)[0], out[-1])
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 17])
+@pytest.mark.parametrize("k,intermediate", [(2048, 6144), (1024, 3072), (1024, 1003)])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
+def test_linear_swiglu_is_linear_then_silu_mul(ext, n: int, k: int, intermediate: int, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """The gate/up GEMV that writes the SwiGLU equals the plain GEMV followed by silu_mul, bit for bit (the
+    same products and roundings), and is within the GEMV's tolerance of the torch reference."""
+    x = torch.randn(n, k, device="cuda", dtype=BF16)
+    w = (torch.randn(2 * intermediate, k, device="cuda") / k**0.5).to(BF16) * 3
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    out = ops.linear_swiglu(x, weight)
+    gate_up = ops.linear(x, weight)
+    assert out.shape == (n, intermediate)
+    assert torch.equal(out, ops.silu_mul(gate_up[:, :intermediate], gate_up[:, intermediate:]))
+    assert rel(out, reference.linear_swiglu(x, weight)) <= 1e-2
+    assert torch.equal(ops.linear_swiglu(x[-1:], weight)[0], out[-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("batch,channels,length", [(1, 96, 1920), (64, 1536, 4), (3, 768, 32), (5, 192, 640)])
 @pytest.mark.parametrize("strided", [False, True])

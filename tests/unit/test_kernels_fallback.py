@@ -67,6 +67,18 @@ def test_linear_falls_back_for_bf16_and_8bit() -> None:
         assert rel < (0.02 if kind == "int8" else 0.08)
 
 
+def test_linear_swiglu_falls_back_to_linear_then_swiglu() -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 64, generator=g)
+    gate_up = torch.randn(2 * 48, 64, generator=g)
+    product = layers.linear(x, gate_up)
+    expected = layers.swiglu(product[:, :48], product[:, 48:])
+    assert torch.equal(ops.linear_swiglu(x, gate_up), expected)
+    quantized = reference.quantize_weight(gate_up, "int8")
+    product = reference.linear(x, quantized)
+    assert torch.equal(ops.linear_swiglu(x, quantized), layers.swiglu(product[:, :48], product[:, 48:]))
+
+
 def test_attention_and_cache_write_fall_back() -> None:
     g = torch.Generator().manual_seed(2)
     batch, heads, kv_heads, dim, max_len = 3, 4, 2, 16, 12

@@ -110,7 +110,9 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
-void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
+// y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
+void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
+               bool swiglu) {
   check(x, "x", at::kBFloat16);
   check(y, "y", at::kBFloat16);
   check_rows(x, "x");
@@ -137,11 +139,21 @@ void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> sc
     TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0), "bias must be [out]");
     b = bias->data_ptr();
   }
-  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == w.size(0), "y must be [n, out]");
+  const int64_t outputs = swiglu ? w.size(0) / 2 : w.size(0);
+  TORCH_CHECK(!swiglu || w.size(0) % 2 == 0, "a fused gate/up weight has an even number of rows");
+  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == outputs, "y must be [n, outputs]");
   const c10::cuda::CUDAGuard guard(x.device());
-  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), w.size(0), x.stride(0),
-                 y.stride(0), kind, stream()),
+  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), outputs, x.stride(0),
+                 y.stride(0), kind, swiglu, stream()),
      "gemv");
+}
+
+void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
+  gemv_impl(y, x, w, scale, bias, false);
+}
+
+void gemv_swiglu(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale) {
+  gemv_impl(y, x, w, scale, c10::nullopt, true);
 }
 
 void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_beta, c10::optional<at::Tensor> bias) {
@@ -237,6 +249,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention);
   m.def("silu_mul", &silu_mul);
   m.def("gemv", &gemv);
+  m.def("gemv_swiglu", &gemv_swiglu);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("set_dependent_launch", &set_dependent_launch);

@@ -2,7 +2,8 @@
 // One warp per output row; each lane streams 16-byte weight chunks (8 bf16 or 16 8-bit values), several in
 // flight, and applies them to a tile of up to 16 activation rows read through L1. The per-row reduction
 // order (lane -> chunk mapping, then a fixed butterfly) does not depend on n or on the tile split, so a
-// row's result is the same whatever batch it is in.
+// row's result is the same whatever batch it is in. The SwiGLU variant computes the gate and up rows of the
+// fused gate/up weight in one warp and writes only SiLU(gate) * up (the decoder block's MLP input).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -65,38 +66,36 @@ struct Chunk<WeightKind::kFp8E4M3> {
   }
 };
 
-template <WeightKind K, int NT>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
-                const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
-                int x_stride, int y_stride) {
-  begin_dependent_kernel();
+// The weight-streaming loop of one warp over R weight rows (`rows[r]`, k wide) against the NT activation rows of
+// x: acc[r][t] = sum_k W_r[k] x_t[k], this lane's share. Each lane takes chunks lane, lane + 32, ... in order,
+// so a weight row's reduction order does not depend on R, NT or n.
+template <WeightKind K, int NT, int R>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4* const (&rows)[R],
+                                                const bf16* __restrict__ x, int rows_here, int k, int x_stride) {
   using C = Chunk<K>;
   constexpr int E = C::kElems;
-  const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= m) return;
   const int chunks = k / E;
-  const int64_t row_bytes = static_cast<int64_t>(k) * (K == WeightKind::kBf16 ? 2 : 1);
-  const uint4* wrow = reinterpret_cast<const uint4*>(w + row * row_bytes);
-  const int rows_here = min(NT, n);
-  float acc[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
   for (int base = lane; base < chunks; base += 32 * kUnroll) {
-    uint4 raw[kUnroll];
+    uint4 raw[R][kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = base + u * 32;
-      raw[u] = c < chunks ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[r][u] = c < chunks ? __ldg(rows[r] + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = base + u * 32;
       if (c >= chunks) break;
-      float wf[E];
-      C::unpack(raw[u], wf);
+      float wf[R][E];
+#pragma unroll
+      for (int r = 0; r < R; ++r) C::unpack(raw[r][u], wf[r]);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= rows_here) break;
@@ -106,46 +105,96 @@ __global__ void __launch_bounds__(kWarps * 32)
           float xf[8];
           Chunk<WeightKind::kBf16>::unpack(__ldg(xv + h), xf);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[t] = fmaf(wf[h * 8 + j], xf[j], acc[t]);
+          for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][h * 8 + j], xf[j], acc[r][t]);
+          }
         }
       }
     }
   }
-  const float s = scale != nullptr ? scale[row] : 1.0f;
-  const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = to_bf(fmaf(v, s, b));
-  }
 }
 
 template <WeightKind K>
+__device__ __forceinline__ const uint4* weight_row(const uint8_t* w, int row, int k) {
+  const int64_t row_bytes = static_cast<int64_t>(k) * (K == WeightKind::kBf16 ? 2 : 1);
+  return reinterpret_cast<const uint4*>(w + row * row_bytes);
+}
+
+// The product as the GEMV rounds it: bf16(sum * scale + bias).
+__device__ __forceinline__ bf16 product(float lane_sum, const float* scale, const bf16* bias, int row) {
+  const float s = scale != nullptr ? scale[row] : 1.0f;
+  const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
+  return to_bf(fmaf(warp_sum(lane_sum), s, b));
+}
+
+template <WeightKind K, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
+                const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
+                int x_stride, int y_stride) {
+  begin_dependent_kernel();
+  const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (row >= m) return;
+  const int rows_here = min(NT, n);
+  const uint4* const rows[1] = {weight_row<K>(w, row, k)};
+  float acc[1][NT];
+  accumulate_rows<K, NT, 1>(acc, rows, x, rows_here, k, x_stride);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const bf16 v = product(acc[0][t], scale, bias, row);
+    if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
+  }
+}
+
+// SiLU(gate) * up straight from the fused gate/up weight [2m, k] (gate rows first): one warp computes gate row
+// i and up row m + i together and writes only the SwiGLU, with swiglu.cu's expression on the two bf16
+// products. The products are the plain GEMV's, bit for bit, so the result equals linear then silu_mul.
+template <WeightKind K, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_swiglu_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
+                       const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride) {
+  begin_dependent_kernel();
+  const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (row >= m) return;
+  const int rows_here = min(NT, n);
+  const uint4* const rows[2] = {weight_row<K>(w, row, k), weight_row<K>(w, m + row, k)};
+  float acc[2][NT];
+  accumulate_rows<K, NT, 2>(acc, rows, x, rows_here, k, x_stride);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float gate = to_f(product(acc[0][t], scale, nullptr, row));
+    const float up = to_f(product(acc[1][t], scale, nullptr, m + row));
+    const float silu = round_bf(gate / (1.0f + expf(-gate)));
+    if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = to_bf(silu * up);
+  }
+}
+
+// Tiles of up to 16 activation rows, one launch each; `swiglu` picks the SwiGLU kernel (m = its outputs).
+template <WeightKind K>
 cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale, const bf16* bias, int n, int k,
-                   int m, int x_stride, int y_stride, cudaStream_t stream) {
+                   int m, int x_stride, int y_stride, bool swiglu, cudaStream_t stream) {
   const dim3 grid((m + kWarps - 1) / kWarps);
+  const dim3 block(kWarps * 32);
   for (int n0 = 0; n0 < n;) {
     const int left = n - n0;
+    const int tile = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const bf16* xt = x + static_cast<int64_t>(n0) * x_stride;
     bf16* yt = y + static_cast<int64_t>(n0) * y_stride;
-    int tile;
-    if (left >= 16) {
-      tile = 16;
-      launch_kernel(gemv_kernel<K, 16>, grid, dim3(kWarps * 32), stream, yt, xt, w, scale, bias, tile, k, m, x_stride, y_stride);
-    } else if (left >= 8) {
-      tile = 8;
-      launch_kernel(gemv_kernel<K, 8>, grid, dim3(kWarps * 32), stream, yt, xt, w, scale, bias, tile, k, m, x_stride, y_stride);
-    } else if (left >= 4) {
-      tile = 4;
-      launch_kernel(gemv_kernel<K, 4>, grid, dim3(kWarps * 32), stream, yt, xt, w, scale, bias, tile, k, m, x_stride, y_stride);
-    } else if (left >= 2) {
-      tile = 2;
-      launch_kernel(gemv_kernel<K, 2>, grid, dim3(kWarps * 32), stream, yt, xt, w, scale, bias, tile, k, m, x_stride, y_stride);
-    } else {
-      tile = 1;
-      launch_kernel(gemv_kernel<K, 1>, grid, dim3(kWarps * 32), stream, yt, xt, w, scale, bias, tile, k, m, x_stride, y_stride);
+#define Q3TTS_TILE(NT)                                                                                      \
+  swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT>, grid, block, stream, yt, xt, w, scale, tile, k, m, x_stride, \
+                         y_stride)                                                                          \
+         : launch_kernel(gemv_kernel<K, NT>, grid, block, stream, yt, xt, w, scale, bias, tile, k, m, x_stride, \
+                         y_stride)
+    cudaError_t err;
+    switch (tile) {
+      case 16: err = Q3TTS_TILE(16); break;
+      case 8: err = Q3TTS_TILE(8); break;
+      case 4: err = Q3TTS_TILE(4); break;
+      case 2: err = Q3TTS_TILE(2); break;
+      default: err = Q3TTS_TILE(1); break;
     }
-    const cudaError_t err = cudaGetLastError();
+#undef Q3TTS_TILE
     if (err != cudaSuccess) return err;
     n0 += tile;
   }
@@ -155,17 +204,20 @@ cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale,
 }  // namespace
 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
-                 int m, int x_stride, int y_stride, WeightKind kind, cudaStream_t stream) {
+                 int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
   const int elems = kind == WeightKind::kBf16 ? 8 : 16;
-  if (k % elems != 0 || x_stride % 8 != 0) return cudaErrorInvalidValue;
+  if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   auto* yb = static_cast<bf16*>(y);
   auto* xb = static_cast<const bf16*>(x);
   auto* wb = static_cast<const uint8_t*>(w);
   auto* bb = static_cast<const bf16*>(bias);
   switch (kind) {
-    case WeightKind::kBf16: return launch<WeightKind::kBf16>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, stream);
-    case WeightKind::kInt8: return launch<WeightKind::kInt8>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, stream);
-    case WeightKind::kFp8E4M3: return launch<WeightKind::kFp8E4M3>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, stream);
+    case WeightKind::kBf16:
+      return launch<WeightKind::kBf16>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
+    case WeightKind::kInt8:
+      return launch<WeightKind::kInt8>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
+    case WeightKind::kFp8E4M3:
+      return launch<WeightKind::kFp8E4M3>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -37,8 +37,10 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
 
 // y[n, :m] = bf16(x[n, :k] @ W[m, k]^T * scale[m] + bias[m]); scale may be null (bf16 weights),
 // bias may be null. Each output row's reduction order is fixed, whatever n is (batch invariant).
+// With `swiglu`, W is the fused [gate; up] weight [2m, k] (gate rows first, no bias) and
+// y[n, :m] = bf16(bf16(silu(gate)) * up) of the two rounded products (swiglu.cu's expression).
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
-                 int k, int m, int x_stride, int y_stride, WeightKind kind, cudaStream_t stream);
+                 int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
 
 // out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
 // null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
