@@ -24,6 +24,7 @@ __all__ = [
     "linear_swiglu",
     "qk_norm_rope_cache",
     "rms_norm",
+    "rope_attention",
     "sample_predictor",
     "sample_talker",
     "set_dependent_launch",
@@ -141,6 +142,59 @@ def decode_attention(
     out = torch.empty_like(q)
     ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale)
     return out.view(batch, heads * head_dim)
+
+
+SHORT_CACHE = 64
+"""Caches of at most this many positions (one attention tile: the code predictor's 16) take the one-kernel
+`rope_attention`."""
+
+
+def rope_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    cos_table: Tensor,
+    sin_table: Tensor,
+    positions: Tensor,
+    lengths: Tensor,
+    slots: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    eps: float,
+    scale: float,
+    *,
+    distinct_slots: bool,
+) -> Tensor:
+    """`qk_norm_rope_cache` then `decode_attention` over positions 0..position (lengths = positions + 1, which
+    the caller computes once for all layers): [B, Hq*D].
+
+    For a cache of at most `SHORT_CACHE` positions whose rows all have `distinct_slots`, one kernel does both
+    (the block of a KV head ropes its queries and key itself and stages the new K/V from registers),
+    bit-identical to the two kernels. Rows that share a slot (several tokens of one sequence in one call)
+    must see each other's new K/V, so they, and longer caches, run the two kernels.
+    """
+    ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
+    head_dim = k_cache.shape[-1]
+    supported = (
+        distinct_slots
+        and k_cache.shape[2] <= SHORT_CACHE
+        and head_dim in (64, 128)
+        and q.shape[1] // k.shape[1] in (1, 2)
+        and positions.dtype == torch.int64
+        and slots.dtype == torch.int64
+    )
+    if ext is None or not supported:
+        rotated = qk_norm_rope_cache(
+            q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
+        )
+        return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale)
+    out = torch.empty(q.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
+    ext.short_attention(
+        out, q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps, scale
+    )
+    return out
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:

@@ -165,24 +165,29 @@ def _run_blocks(
     cos: Tensor,
     sin: Tensor,
     positions: Tensor,
+    lengths: Tensor,
     slots: Tensor,
     cache_k: Tensor,
     cache_v: Tensor,
     scale: float,
+    distinct_slots: bool,
 ) -> Tensor:
-    """One token per row through every block (residual stream `x` [N, H] is updated in place).
+    """One token per row through every block (residual stream `x` [N, H] is updated in place); row i is at
+    positions[i] and attends to lengths[i] = positions[i] + 1 keys.
 
-    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm.
+    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm. `distinct_slots`:
+    no two rows write the same cache slot (see `ops.rope_attention`).
     """
-    lengths = positions + 1
     h = ops.rms_norm(x, blocks[0].input_norm, eps)
     for index, blk in enumerate(blocks):
         qkv = blk.qkv(h)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
-        q = ops.qk_norm_rope_cache(
-            q, k, v, blk.q_norm, blk.k_norm, cos, sin, positions, slots, cache_k[index], cache_v[index], eps
+        k_cache, v_cache = cache_k[index], cache_v[index]
+        attended = ops.rope_attention(
+            q, k, v, blk.q_norm, blk.k_norm, cos, sin,
+            positions, lengths, slots, k_cache, v_cache, eps, scale,
+            distinct_slots=distinct_slots,
         )
-        attended = ops.decode_attention(q, cache_k[index], cache_v[index], slots, lengths, scale)
         h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
         mlp = blk.gate_up.swiglu(h)
         following = blocks[index + 1].input_norm if index + 1 < len(blocks) else final_norm
@@ -257,10 +262,12 @@ class KernelFrame:
             t.rope_cos,
             t.rope_sin,
             positions,
+            positions + 1,
             slots,
             cache.k,
             cache.v,
             self.talker_scale,
+            distinct_slots=False,  # a prefill pass holds many tokens of one slot
         )
 
     def _predict(self, hidden: Tensor, cb0_embed: Tensor, rows: FrameRows) -> Tensor:
@@ -276,9 +283,14 @@ class KernelFrame:
         row_slots = torch.arange(batch, device=device)
         pair_slots = row_slots.repeat_interleave(2)
         pair_positions = torch.arange(2, device=device).repeat(batch)
+        # Steps 1.. sit at positions 2..groups: made once, each step takes a row (no kernel per step).
+        step_positions = torch.arange(2, self.groups + 1, device=device).repeat_interleave(batch)
+        step_positions = step_positions.view(-1, batch)
+        step_lengths = step_positions + 1
         x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
         h = _run_blocks(
-            blocks, final, x, eps, p.rope_cos, p.rope_sin, pair_positions, pair_slots, cache_k, cache_v, scale
+            blocks, final, x, eps, p.rope_cos, p.rope_sin, pair_positions, pair_positions + 1, pair_slots,
+            cache_k, cache_v, scale, distinct_slots=False,  # each session's two prefix tokens share its slot
         )[1::2]
         codes = []
         for group in range(self.groups):
@@ -287,7 +299,6 @@ class KernelFrame:
             codes.append(code)
             if group + 1 < self.groups:
                 x = self.projection(p.embed(code, group), self.projection_bias)
-                positions = torch.full((batch,), group + 2, dtype=torch.int64, device=device)
                 h = _run_blocks(
                     blocks,
                     final,
@@ -295,11 +306,13 @@ class KernelFrame:
                     eps,
                     p.rope_cos,
                     p.rope_sin,
-                    positions,
+                    step_positions[group],
+                    step_lengths[group],
                     row_slots,
                     cache_k,
                     cache_v,
                     scale,
+                    distinct_slots=True,
                 )
         return torch.stack(codes, dim=1)
 

@@ -98,6 +98,37 @@ def test_decode_attention(ext, batch: int, heads: int, kv_heads: int, dim: int, 
     assert rel(out, exact) <= rel(expected, exact)
 
 
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,dim,max_len",
+    [(1, 16, 8, 128, 16), (3, 16, 8, 128, 16), (64, 16, 8, 128, 16), (5, 8, 8, 64, 64), (2, 16, 8, 128, 300)],
+)
+def test_rope_attention_is_rope_then_attention(  # type: ignore[no-untyped-def]
+    ext, batch: int, heads: int, kv_heads: int, dim: int, max_len: int
+) -> None:
+    """The one-kernel short-cache path (max_len <= 64; 300 takes the two kernels) equals
+    qk_norm_rope_cache then decode_attention bit for bit: the output and both caches."""
+    slots_total = batch + 2
+    qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
+    qn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
+    kn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
+    cos, sin = layers.rope_cos_sin(torch.arange(max_len, device="cuda"), dim, 1e6, BF16)
+    positions = torch.randint(0, max_len, (batch,), device="cuda")
+    positions[0] = max_len - 1
+    slots = torch.randperm(slots_total, device="cuda")[:batch]
+    k1 = torch.randn(slots_total, kv_heads, max_len, dim, device="cuda", dtype=BF16)
+    v1 = torch.randn_like(k1)
+    k2, v2 = k1.clone(), v1.clone()
+    scale = dim**-0.5
+    fused = ops.rope_attention(
+        q, k, v, qn, kn, cos, sin, positions, positions + 1, slots, k1, v1, 1e-6, scale, distinct_slots=True
+    )
+    rotated = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
+    expected = ops.decode_attention(rotated, k2, v2, slots, positions + 1, scale)
+    assert torch.equal(fused, expected)
+    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
 @pytest.mark.parametrize("rows,cols", [(1, 6144), (64, 6144), (17, 3072)])
 def test_silu_mul_bit_identical(ext, rows: int, cols: int) -> None:  # type: ignore[no-untyped-def]
     gate_up = torch.randn(rows, 2 * cols, device="cuda", dtype=BF16) * 4

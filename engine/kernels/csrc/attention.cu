@@ -8,6 +8,7 @@
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
+#include "rope.cuh"
 
 namespace q3tts {
 namespace {
@@ -15,70 +16,30 @@ namespace {
 constexpr int kTile = 64;
 constexpr int kThreads = 128;
 
+// A block's shared memory: one tile of keys and values, the group's scaled queries, scores and reductions.
 template <int D, int G>
-__global__ void __launch_bounds__(kThreads)
-    attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
-                           const bf16* __restrict__ k_cache,
-                           const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
-                           const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
-                           int num_splits, float scale) {
-  begin_dependent_kernel();
-  constexpr int kRow = D + 8;  // padded K rows: conflict-free 16-byte reads across a quarter warp
-  __shared__ __align__(16) bf16 k_s[kTile * kRow];
-  __shared__ __align__(16) bf16 v_s[kTile * D];
-  __shared__ float q_s[G][D];
-  __shared__ float p_s[G][kTile];
-  __shared__ float red_s[G][2][2];
+struct Tile {
+  static constexpr int kRow = D + 8;  // padded K rows: conflict-free 16-byte reads across a quarter warp
+  __align__(16) bf16 k[kTile * kRow];
+  __align__(16) bf16 v[kTile * D];
+  float q[G][D];
+  float p[G][kTile];
+  float red[G][2][2];
+};
 
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y;
-  const int b = blockIdx.z;
-  const int len = static_cast<int>(lengths[b]);
-  const int start = split * kTile;
-  const int count = min(kTile, len - start);
-  const int tid = threadIdx.x;
-  float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
-  const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
-
-  // One split (the predictor's short caches): normalise here and skip the merge kernel. The merge of one
-  // split computes fmaf(acc, 1, 0) / fmaf(l, 1, 0), i.e. (acc + 0) / l, so this is the same result.
-  bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
-  if (count <= 0) {
-    if (single != nullptr) {
-      for (int i = tid; i < G * D; i += kThreads) single[i] = to_bf(0.0f);
-      return;
-    }
-    for (int i = tid; i < G * (D + 2); i += kThreads) {
-      const int g = i / (D + 2), j = i % (D + 2);
-      part[g * part_head + j] = j == D ? -CUDART_INF_F : 0.0f;
-    }
-    return;
-  }
-
-  const int64_t slot = slots[b];
-  const bf16* kb = k_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
-  const bf16* vb = v_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
+// The staged tile's `count` keys against the group's G queries: scores, the tile's softmax statistics, P.V.
+// With `single` (the whole cache is one tile) the normalised heads go there; else the unnormalised partials
+// and their max / sum go to `part` for the merge kernel. Call after a __syncthreads that ends the staging.
+template <int D, int G>
+__device__ __forceinline__ void attend_tile(Tile<D, G>& t, int count, bf16* single, float* part, int64_t part_head) {
+  constexpr int kRow = Tile<D, G>::kRow;
   constexpr int kVecsPerRow = D / 8;
-#pragma unroll
-  for (int i = tid; i < kTile * kVecsPerRow; i += kThreads) {
-    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
-    Bf16x8 kv{}, vv{};
-    if (row < count) {
-      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
-      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
-    }
-    *reinterpret_cast<Bf16x8*>(k_s + row * kRow + col * 8) = kv;
-    *reinterpret_cast<Bf16x8*>(v_s + row * D + col * 8) = vv;
-  }
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    q_s[g][d] = to_f(q[(static_cast<int64_t>(b) * q_heads + kvh * G + g) * D + d]) * scale;
-  }
-  __syncthreads();
-
+  const int tid = threadIdx.x;
+  bf16* k_s = t.k;
+  bf16* v_s = t.v;
+  auto& q_s = t.q;
+  auto& p_s = t.p;
+  auto& red_s = t.red;
   // Scores: thread -> (key, head); fp32 dot over D from shared memory.
   for (int i = tid; i < G * kTile; i += kThreads) {
     const int g = i / kTile, key = i % kTile;
@@ -145,6 +106,146 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads)
+    attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
+                           const bf16* __restrict__ k_cache,
+                           const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
+                           const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
+                           int num_splits, float scale) {
+  begin_dependent_kernel();
+  __shared__ Tile<D, G> t;
+  constexpr int kRow = Tile<D, G>::kRow;
+  bf16* k_s = t.k;
+  bf16* v_s = t.v;
+
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int b = blockIdx.z;
+  const int len = static_cast<int>(lengths[b]);
+  const int start = split * kTile;
+  const int count = min(kTile, len - start);
+  const int tid = threadIdx.x;
+  float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
+  const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
+
+  // One split (the predictor's short caches): normalise here and skip the merge kernel. The merge of one
+  // split computes fmaf(acc, 1, 0) / fmaf(l, 1, 0), i.e. (acc + 0) / l, so this is the same result.
+  bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
+  if (count <= 0) {
+    if (single != nullptr) {
+      for (int i = tid; i < G * D; i += kThreads) single[i] = to_bf(0.0f);
+      return;
+    }
+    for (int i = tid; i < G * (D + 2); i += kThreads) {
+      const int g = i / (D + 2), j = i % (D + 2);
+      part[g * part_head + j] = j == D ? -CUDART_INF_F : 0.0f;
+    }
+    return;
+  }
+
+  const int64_t slot = slots[b];
+  const bf16* kb = k_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
+  const bf16* vb = v_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
+  constexpr int kVecsPerRow = D / 8;
+#pragma unroll
+  for (int i = tid; i < kTile * kVecsPerRow; i += kThreads) {
+    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
+    Bf16x8 kv{}, vv{};
+    if (row < count) {
+      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
+      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
+    }
+    *reinterpret_cast<Bf16x8*>(k_s + row * kRow + col * 8) = kv;
+    *reinterpret_cast<Bf16x8*>(v_s + row * D + col * 8) = vv;
+  }
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    t.q[g][d] = to_f(q[(static_cast<int64_t>(b) * q_heads + kvh * G + g) * D + d]) * scale;
+  }
+  __syncthreads();
+  attend_tile<D, G>(t, count, single, part, part_head);
+}
+
+// The whole step of a cache that fits one tile (the code predictor's 16 positions): q/k RMSNorm + RoPE of
+// the new token (rope.cuh, as qk_norm_rope_cache computes them), its K/V written to the cache, and the
+// attention of the G query heads of one KV head, in one block per (KV head, row). Warps 0..G-1 rope the
+// queries, warp G the key, warp G+1 copies the value; the new key and value are staged from registers and
+// the older ones from the cache. The same values as qk_norm_rope_cache then decode_attention, bit for bit.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads)
+    short_attention_kernel(bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                           const bf16* __restrict__ v, int q_stride, int k_stride, int v_stride,
+                           const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
+                           const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
+                           const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
+                           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
+                           int max_len, float eps, float scale) {
+  static_assert(G + 2 <= kThreads / 32, "one warp per query head, the key and the value");
+  constexpr int P = D / 64;
+  constexpr int H = D / 2;
+  begin_dependent_kernel();
+  __shared__ Tile<D, G> t;
+  constexpr int kRow = Tile<D, G>::kRow;
+  const int kvh = blockIdx.x;
+  const int b = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int first = (tid & 31) * P;
+  const int pos = static_cast<int>(positions[b]);
+  const int64_t slot = slots[b];
+  const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
+  const bf16* cos = cos_table + static_cast<int64_t>(pos) * D;
+  const bf16* sin = sin_table + static_cast<int64_t>(pos) * D;
+  if (warp < G) {
+    bf16 lo[P], hi[P];
+    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + warp) * D, q_norm, cos, sin, eps, lo, hi);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      t.q[warp][first + j] = to_f(lo[j]) * scale;
+      t.q[warp][first + H + j] = to_f(hi[j]) * scale;
+    }
+  } else if (warp == G) {
+    bf16 lo[P], hi[P];
+    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_norm, cos, sin, eps, lo, hi);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      k_cache[cache_row + first + j] = t.k[pos * kRow + first + j] = lo[j];
+      k_cache[cache_row + first + H + j] = t.k[pos * kRow + first + H + j] = hi[j];
+    }
+  } else if (warp == G + 1) {
+    const bf16* src = v + static_cast<int64_t>(b) * v_stride + kvh * D;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      v_cache[cache_row + first + j] = t.v[pos * D + first + j] = src[first + j];
+      v_cache[cache_row + first + H + j] = t.v[pos * D + first + H + j] = src[first + H + j];
+    }
+  }
+  // The older keys and values (positions 0 .. pos-1) from the cache, zeros past the new one.
+  const bf16* kb = k_cache + (slot * kv_heads + kvh) * max_len * D;
+  const bf16* vb = v_cache + (slot * kv_heads + kvh) * max_len * D;
+  constexpr int kVecsPerRow = D / 8;
+  for (int i = tid; i < kTile * kVecsPerRow; i += kThreads) {
+    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
+    if (row == pos) continue;
+    Bf16x8 kv{}, vv{};
+    if (row < pos) {
+      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
+      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
+    }
+    *reinterpret_cast<Bf16x8*>(t.k + row * kRow + col * 8) = kv;
+    *reinterpret_cast<Bf16x8*>(t.v + row * D + col * 8) = vv;
+  }
+  __syncthreads();
+  attend_tile<D, G>(t, pos + 1, out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D, nullptr, 0);
+}
+
 template <int D>
 __global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits) {
   begin_dependent_kernel();
@@ -208,6 +309,37 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
     launch_kernel(attention_merge_kernel<64>, dim3(batch * q_heads), dim3(64), stream, static_cast<bf16*>(out), workspace, splits);
   }
   return cudaGetLastError();
+}
+
+cudaError_t short_attention(void* out, const void* q, const void* k, const void* v, int q_stride, int k_stride,
+                            int v_stride, const void* q_norm, const void* k_norm, const void* cos, const void* sin,
+                            const int64_t* positions, const int64_t* slots, void* k_cache, void* v_cache,
+                            int batch, int q_heads, int kv_heads, int head_dim, int max_len, float eps,
+                            float scale, cudaStream_t stream) {
+  if (max_len > kTile || q_heads % kv_heads != 0) return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
+  const int groups = q_heads / kv_heads;
+  const dim3 grid(kv_heads, batch);
+#define Q3TTS_SHORT(D, G)                                                                                   \
+  launch_kernel(short_attention_kernel<D, G>, grid, dim3(kThreads), stream, static_cast<bf16*>(out),          \
+                static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride, \
+                k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),          \
+                static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,                  \
+                static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, eps, scale)
+  cudaError_t err;
+  if (head_dim == 128 && groups == 2) {
+    err = Q3TTS_SHORT(128, 2);
+  } else if (head_dim == 128 && groups == 1) {
+    err = Q3TTS_SHORT(128, 1);
+  } else if (head_dim == 64 && groups == 2) {
+    err = Q3TTS_SHORT(64, 2);
+  } else if (head_dim == 64 && groups == 1) {
+    err = Q3TTS_SHORT(64, 1);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+#undef Q3TTS_SHORT
+  return err;
 }
 
 }  // namespace q3tts

@@ -49,10 +49,11 @@ void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, 
      "rms_norm");
 }
 
-void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm,
-                        at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots,
-                        at::Tensor k_cache, at::Tensor v_cache, double eps) {
-  for (auto* t : {&q_out, &q, &k, &v, &q_norm, &k_norm, &cos, &sin, &k_cache, &v_cache}) {
+// The checks shared by the ops that norm and rope one new token per row and write its K/V to the cache.
+void check_rope_inputs(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm,
+                       at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
+                       at::Tensor v_cache) {
+  for (auto* t : {&q, &k, &v, &q_norm, &k_norm, &cos, &sin, &k_cache, &v_cache}) {
     check(*t, "tensor", at::kBFloat16);
   }
   check(positions, "positions", at::kLong);
@@ -63,9 +64,17 @@ void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor
   TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2, "q, k, v must be [batch, heads * head_dim]");
   TORCH_CHECK(q.stride(1) == 1 && k.stride(1) == 1 && v.stride(1) == 1, "q, k, v need unit inner stride");
   TORCH_CHECK(k.size(1) == kv_heads * head_dim && v.size(1) == kv_heads * head_dim, "k/v width mismatch");
-  TORCH_CHECK(q_out.is_contiguous() && q_out.numel() == q.numel(), "q_out must be contiguous like q");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(-1) == head_dim, "cos/sin tables");
   TORCH_CHECK(positions.numel() == batch && slots.numel() == batch, "positions/slots must be [batch]");
+}
+
+void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm,
+                        at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots,
+                        at::Tensor k_cache, at::Tensor v_cache, double eps) {
+  check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
+  check(q_out, "q_out", at::kBFloat16);
+  TORCH_CHECK(q_out.is_contiguous() && q_out.numel() == q.numel(), "q_out must be contiguous like q");
+  const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
   const c10::cuda::CUDAGuard guard(q.device());
   ok(q3tts::qk_norm_rope_cache(q_out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0),
                                k.stride(0), v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(),
@@ -73,6 +82,22 @@ void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor
                                k_cache.data_ptr(), v_cache.data_ptr(), batch, q.size(1) / head_dim, kv_heads,
                                head_dim, k_cache.size(2), static_cast<float>(eps), stream()),
      "qk_norm_rope_cache");
+}
+
+void short_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm,
+                     at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
+                     at::Tensor v_cache, double eps, double scale) {
+  check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
+  check(out, "out", at::kBFloat16);
+  TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel(), "out must be contiguous like q");
+  const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
+  const c10::cuda::CUDAGuard guard(q.device());
+  ok(q3tts::short_attention(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
+                            v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                            positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr(),
+                            v_cache.data_ptr(), batch, q.size(1) / head_dim, kv_heads, head_dim, k_cache.size(2),
+                            static_cast<float>(eps), static_cast<float>(scale), stream()),
+     "short_attention");
 }
 
 int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_dim, int64_t max_len) {
@@ -247,6 +272,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qk_norm_rope_cache", &qk_norm_rope_cache);
   m.def("decode_attention_workspace", &decode_attention_workspace);
   m.def("decode_attention", &decode_attention);
+  m.def("short_attention", &short_attention);
   m.def("silu_mul", &silu_mul);
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);

@@ -31,6 +31,15 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
                              float scale, cudaStream_t stream);
 int decode_attention_splits(int max_len, int split_len);
 
+// qk_norm_rope_cache then decode_attention for a cache of at most 64 positions (one tile), in one kernel:
+// the new token's q/k are normed and roped, its K/V written to cache[slot, :, position], and out
+// [batch, q_heads, D] is the attention of its queries over positions 0..position. Bit-identical to the two.
+cudaError_t short_attention(void* out, const void* q, const void* k, const void* v, int q_stride, int k_stride,
+                            int v_stride, const void* q_norm, const void* k_norm, const void* cos, const void* sin,
+                            const int64_t* positions, const int64_t* slots, void* k_cache, void* v_cache,
+                            int batch, int q_heads, int kv_heads, int head_dim, int max_len, float eps,
+                            float scale, cudaStream_t stream);
+
 // out = bf16(bf16(silu(gate)) * up), rows `*_stride` elements apart, `cols` wide.
 cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
                      int up_stride, int out_stride, cudaStream_t stream);

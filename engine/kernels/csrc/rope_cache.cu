@@ -1,9 +1,8 @@
-// q/k RMSNorm + rotate-half RoPE + KV-cache write in one pass, one warp per head.
-// The rotation repeats torch's bf16 rounding (x*cos, rotated*sin, their sum, each rounded), so apart from the
-// norm's fp32 reduction order the result is the reference's bit for bit.
+// q/k RMSNorm + rotate-half RoPE + KV-cache write in one pass, one warp per head (rope.cuh's norm_rope_head).
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
+#include "rope.cuh"
 
 namespace q3tts {
 namespace {
@@ -46,29 +45,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   const bool is_q = head < q_heads;
   const int h = is_q ? head : head - q_heads;
   const bf16* src = is_q ? q + static_cast<int64_t>(b) * q_stride + h * D : k + static_cast<int64_t>(b) * k_stride + h * D;
-  const bf16* w = is_q ? q_norm : k_norm;
-  float a[P], c[P];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    a[j] = to_f(src[lo + j]);
-    c[j] = to_f(src[lo + H + j]);
-    ss += a[j] * a[j] + c[j] * c[j];
-  }
-  ss = warp_sum(ss);
-  const float inv = rsqrtf(ss / static_cast<float>(D) + eps);
-  const bf16* cs = cos_table + static_cast<int64_t>(pos) * D;
-  const bf16* sn = sin_table + static_cast<int64_t>(pos) * D;
+  bf16 out_lo[P], out_hi[P];
+  norm_rope_head<P>(src, is_q ? q_norm : k_norm, cos_table + static_cast<int64_t>(pos) * D,
+                    sin_table + static_cast<int64_t>(pos) * D, eps, out_lo, out_hi);
   bf16* dst = is_q ? q_out + (static_cast<int64_t>(b) * q_heads + h) * D
                    : k_cache + ((slot * kv_heads + h) * max_len + pos) * D;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const float x1 = round_bf(to_f(w[lo + j]) * round_bf(a[j] * inv));
-    const float x2 = round_bf(to_f(w[lo + H + j]) * round_bf(c[j] * inv));
-    const float o1 = round_bf(x1 * to_f(cs[lo + j])) + round_bf(-x2 * to_f(sn[lo + j]));
-    const float o2 = round_bf(x2 * to_f(cs[lo + H + j])) + round_bf(x1 * to_f(sn[lo + H + j]));
-    dst[lo + j] = to_bf(o1);
-    dst[lo + H + j] = to_bf(o2);
+    dst[lo + j] = out_lo[j];
+    dst[lo + H + j] = out_hi[j];
   }
 }
 
