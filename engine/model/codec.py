@@ -5,8 +5,8 @@ latent upsampling stages (transposed conv + ConvNeXt) -> waveform decoder (causa
 SnakeBeta + transposed conv + dilated residual units, SnakeBeta, causal conv to one channel) -> clamp.
 
 Every layer is causal, so a decoder that keeps the right left-context can decode a stream packet by packet.
-`forward(codes, state)` decodes the next n frames of a batch of streams as one pass through the decoder
-(`packet`; inputs longer than PASS_FRAMES are cut into passes of that many), updating their
+`forward(codes, state)` decodes the next n frames of a batch of streams in passes through the decoder
+(`packet`, `pass_frames` frames each, see Passes below), updating their
 `CodecStreamState`, and `decode` is a fresh state plus `forward`. The convs take any number of steps; in
 the transformer each of the pass's n frames is a query at its own absolute position p, over the keys of
 the state's 71 cached frames followed by the n new ones, masked to its window max(0, p - 71) .. p. The
@@ -24,18 +24,24 @@ state holds, per stream:
 
 RoPE positions are absolute frame indices (the first frame is 0, like the official decoder).
 
+Passes: how many frames one pass takes is `SpeechDecoder.pass_frames`. By default a CPU decoder passes one
+frame at a time, so every frame runs the same products whatever the packet schedule, and a CUDA decoder
+passes a whole packet (up to PASS_FRAMES frames), where launches, not arithmetic, are the cost.
+
 Guarantee: streaming is exact in the math: the concatenated packets of any schedule compute the same
 function as `decode` of all frames, state hand-overs included (float64 on CPU, 400 frames: 1.6e-14 at test
-sizes, 1.8e-14 at the real shapes). It is not exact in the bits: a pass of n frames runs its GEMMs, convs
-and attention over N = B * n frames' columns, and kernels round a column differently for a different N (on
-this CPU, MKL's GEMMs take other code paths below N = 9). Measured on CPU, 400 frames, packets of 1 to 4
-frames: float32 up to 9.3e-6 at test sizes and 8.9e-6 at the real shapes, the size of a float32 decode's
-own error against float64 (4.3e-6 at the real shapes, and 4.1e-6 for the official decoder). So the
-foundation contract of 1e-6 does not hold in float32. bfloat16: 3% relative L2, its own rounding. Where
-the passes are the same, so are the bits (one packet of all frames is `decode`). The batch size rounds the
-same way: a stream decoded with others in one call equals it decoded alone to the rounding of the dtype.
-Against the official decoder, which runs the whole utterance through each layer at once, the waveform
-agrees to float32 rounding (a few 1e-6 on an O(1) waveform).
+sizes, 1.8e-14 at the real shapes, with passes of whole packets). In the bits it is exact when the passes
+are the same: one frame per pass (the CPU default) gives streamed == one-shot bit for bit in every dtype,
+which is the foundation contract (float32, <= 1e-6) and what the server's byte-equality guarantees rest on.
+Passes of whole packets run their GEMMs, convs and attention over N = B * n frames' columns, and kernels
+round a column differently for a different N (on this CPU, MKL's GEMMs take other code paths below N = 9):
+measured on CPU, 400 frames, packets of 1 to 4 frames, float32 differs from one-shot by up to 9.3e-6 at
+test sizes and 8.9e-6 at the real shapes, the size of a float32 decode's own error against float64 (4.3e-6
+at the real shapes, 4.1e-6 for the official decoder); bfloat16 by 3% relative L2, its own rounding. The
+CUDA bench reports the GPU's figure. The batch size rounds the same way: a stream decoded with others in
+one call equals it decoded alone to the rounding of the dtype. Against the official decoder, which runs
+the whole utterance through each layer at once, the waveform agrees to float32 rounding (a few 1e-6 on an
+O(1) waveform).
 
 Launch count: on a GPU a pass costs what its kernel launches cost, ~2-4 µs each even replayed as a CUDA
 graph, so a pass is written as few ops (about 280 torch ops at the real shapes, whatever its n: a 4-frame
@@ -50,8 +56,8 @@ own); a residual unit's 1x1 conv and residual add are one GEMM into `x + bias`; 
 by keeping views of the pass's activations instead of copies (`forward` compacts them once per call).
 
 Cost: work is the same as frame by frame, in n times larger GEMMs. On CPU (one thread, test sizes) a
-one-shot decode of 400 frames takes 0.2 s, streaming them in 4-frame packets 0.5 s, in 1-frame packets
-1.4 s. On CUDA the activations of a pass grow with B * n (PASS_FRAMES).
+one-shot decode of 400 frames in passes of 32 frames takes 0.2 s, in 4-frame passes 0.5 s, in 1-frame
+passes 1.4 s. On CUDA the activations of a pass grow with B * n (PASS_FRAMES).
 
 Precision: the compute dtype is the dtype of the module's parameters: float32 by default (the engine's
 choice, since one PCM16 step is 3e-5), `module.to(torch.bfloat16)` to run like the official bf16 example.
@@ -626,6 +632,9 @@ class SpeechDecoder(_Derived):
                 CausalConv1d(widths[-1], 1, kernel_size=7),
             ]
         )
+        self.pass_frames: int | None = None
+        """Frames per pass through the decoder; None: one on CPU, a whole packet (<= PASS_FRAMES) on CUDA
+        (module docstring, Passes)."""
         self.streamed_layers: list[_Streamed] = []
         for name, module in self.named_modules():
             if isinstance(module, _Streamed):
@@ -686,7 +695,7 @@ class SpeechDecoder(_Derived):
     ) -> Tensor:
         """Decode the next n frames of B streams: codes [B, num_quantizers, n] -> [B, n * hop].
 
-        One pass through the decoder (`packet`) per PASS_FRAMES frames. Updates `state` (histories, caches,
+        One pass through the decoder (`packet`) per `pass_frames` frames. Updates `state` (histories, caches,
         positions) and, with `compact`, gives its entries their own storage at the end
         (`CodecStreamState.compact`; a caller that copies the state out anyway, like a CUDA graph's
         scatter, skips that)."""
@@ -695,7 +704,8 @@ class SpeechDecoder(_Derived):
             raise ValueError(f"expected {self.config.num_quantizers} codebooks, got {quantizers}")
         if frames == 0:
             return torch.zeros(batch, 0, dtype=_at_least_fp32(self.first_codebook.dtype), device=codes.device)
-        passes = [self.packet(codes[..., t : t + PASS_FRAMES], state) for t in range(0, frames, PASS_FRAMES)]
+        step = min(self.pass_frames or (PASS_FRAMES if codes.is_cuda else 1), PASS_FRAMES)
+        passes = [self.packet(codes[..., t : t + step], state) for t in range(0, frames, step)]
         wave = passes[0] if len(passes) == 1 else torch.cat(passes, dim=1)
         if compact:
             state.compact()
@@ -727,7 +737,7 @@ class SpeechDecoder(_Derived):
         return (self.first_proj(first) + self.rest_proj(rest.sum(dim=1))).transpose(1, 2)
 
     def decode(self, codes: Tensor, clamp: bool = True) -> Tensor:
-        """One-shot decode, a fresh state plus `forward` (passes of PASS_FRAMES frames): codes
+        """One-shot decode, a fresh state plus `forward` (passes of `pass_frames` frames): codes
         [B, num_quantizers, T] -> [B, T * hop].
 
         Codes must lie in [0, codebook_size): the official -1 batch padding is the caller's to strip."""
