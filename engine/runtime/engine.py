@@ -6,6 +6,14 @@ and, unless it is EOS, completes the frame with the predictor. EOS ends a sessio
 frame; the frame that brings a session to `max_frames` ends it with "length", so no talker step is wasted
 after it.
 
+One frame ahead (`launch_step` / `collect_step`): a step's host work (bookkeeping, the launch, building
+results) is time the device idles if every step waits for its codes before the next is enqueued. Nothing a
+frame's inputs need comes from the host: the last codes, the cb0 history and the uniforms are the per-slot
+device buffers below, which the previous frame's enqueued ops update, and the positions and text elements
+are known in advance. Only the decision to stop needs the codes, so the loops launch frame k+1 before they
+collect frame k; `step` is the two back to back. A frame launched for a session whose previous frame turns
+out to be EOS is computed and ignored (see `launch_step` for why its writes are harmless).
+
 Host work per call: on CUDA it, not the device, is what a small batch waits for, so the per-row state
 lives on the device in per-slot buffers that each call updates in place: the last frame's codes, the cb0
 history and a block of uniforms. A call gathers its B rows with one index op per buffer instead of stacking
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,6 +48,17 @@ from .request import AudioPacket, FrameResult, SynthesisRequest, validate_reques
 from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import UNIFORM_BLOCK_FRAMES, Session
 from .step import UNIFORMS_PER_FRAME, EagerFrameBackend, FrameBackend, FrameRows
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """A launched batch: its sessions, the frame each was launched for, and the frames' codes [B, 16] on
+    their way to the host (pinned memory on CUDA), there once `ready` (None on CPU) has completed."""
+
+    sessions: tuple[Session, ...]
+    frames: tuple[int, ...]
+    codes: Tensor
+    ready: torch.cuda.Event | None
 
 
 class VoiceDesignEngine:
@@ -231,7 +251,7 @@ class VoiceDesignEngine:
             [[s.slot for s in sessions], [0] * len(sessions), [self._uniform_index(s) for s in sessions]],
             dtype=torch.int64,
         )
-        slots, frames_generated, uniform_rows = meta.to(self.device)
+        slots, frames_generated, uniform_rows = self._upload(meta)
         prompts = [s.prompt for s in sessions if s.prompt is not None]
         rows = self._rows(sessions, slots, frames_generated, uniform_rows)
         codes = self.frame_backend.prefill_frames(
@@ -240,28 +260,63 @@ class VoiceDesignEngine:
         for session in sessions:
             session.position = session.prompt_length
             session.prompt = None
-        return self._advance(sessions, slots, codes)
+        return self._all(self.collect_step(self._launched(sessions, slots, codes)))
+
+    def step(self, sessions: list[Session]) -> list[FrameResult]:
+        """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each.
+
+        `collect_step(launch_step(sessions))`: the sessions must have no frame in flight."""
+        return self._all(self.collect_step(self.launch_step(sessions)))
+
+    def can_launch(self, session: Session) -> bool:
+        """Whether `launch_step` takes the session: prefilled, unreleased, not known to have ended, with
+        fewer than `max_frames` frames launched. Its last launched frame may still turn out to be EOS."""
+        return (
+            session.prefilled
+            and not session.released
+            and not session.finished
+            and session.frames_launched < session.request.max_frames
+        )
 
     @torch.no_grad()
-    def step(self, sessions: list[Session]) -> list[FrameResult]:
-        """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each."""
+    def launch_step(self, sessions: list[Session]) -> PendingStep:
+        """Enqueue one batched frame for every session, without waiting for the device: its inputs, the
+        frame, the per-slot buffer updates and the copy of its codes to the host; `collect_step` waits.
+
+        The sessions' launch counters advance as if the frame were not EOS. The codes are copied and the
+        buffers updated before returning because a graph backend's next replay overwrites its output:
+        later launches are ordered after these ops on the stream.
+
+        A frame launched for a session whose previous frame turns out to be EOS (or that is released
+        before the frame is collected) is computed and ignored: `collect_step` gives None for it. Its
+        writes are harmless to the next session opened on the slot, whose setup is enqueued after it
+        (the slot is freed only once the session has ended, after this launch): `open_session` clears
+        the slot's cb0 history (and resets its codec graph state; the frame never reaches a codec), the
+        prefill overwrites the slot's last codes and draws frame 0's uniform block afresh, and the KV
+        entry it wrote at position p is overwritten by the new session at p before anything reads it (a
+        row attends to its keys 0..its own position only). It stays within the slot's context: a frame
+        is launched only below `max_frames`, whose positions `open_session` checked.
+        """
         if not sessions:
-            return []
+            return PendingStep((), (), torch.empty(0, self._last_codes.shape[1], dtype=torch.int64), None)
         self._check_distinct(sessions)
         for session in sessions:
-            if session.released or session.finished or not session.prefilled:
-                raise EngineError("step needs prefilled, unfinished, unreleased sessions")
+            if not self.can_launch(session):
+                raise EngineError(
+                    "launch_step needs prefilled, unreleased sessions that have not ended and have frames "
+                    "left to launch"
+                )
         # One host-to-device copy for the per-row integers.
         meta = torch.tensor(
             [
                 [s.position for s in sessions],
                 [s.slot for s in sessions],
-                [s.frames_emitted for s in sessions],
+                [s.frames_launched for s in sessions],
                 [self._uniform_index(s) for s in sessions],
             ],
             dtype=torch.int64,
         )
-        positions, slots, frames_generated, uniform_rows = meta.to(self.device)
+        positions, slots, frames_generated, uniform_rows = self._upload(meta)
         text = torch.stack([s.text_element() for s in sessions])
         rows = self._rows(sessions, slots, frames_generated, uniform_rows)
         previous = self._last_codes.index_select(0, slots)
@@ -270,7 +325,37 @@ class VoiceDesignEngine:
         )
         for session in sessions:
             session.position += 1
-        return self._advance(sessions, slots, codes)
+        return self._launched(sessions, slots, codes)
+
+    def collect_step(self, pending: PendingStep) -> list[FrameResult | None]:
+        """Wait for a launched batch's codes and build its results, in launch order per session.
+
+        None for a session that ended at an earlier frame or was released since the launch: the frame
+        was speculative, and no result follows a session's final one. Otherwise as the frame ends it:
+        EOS gives (None, "stop"), the `max_frames`-th frame its codes and "length"."""
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        eos = self.config.talker.codec_eos_token_id
+        results: list[FrameResult | None] = []
+        host = pending.codes
+        for session, frame, codes, cb0 in zip(
+            pending.sessions, pending.frames, host.unbind(), host[:, 0].tolist(), strict=True
+        ):
+            ended = session.finished or session.released
+            if not ended and frame != session.frames_emitted:
+                raise EngineError("a session's steps must be collected once each, in launch order")
+            session.frames_in_flight -= 1
+            if ended:
+                results.append(None)
+            elif cb0 == eos:
+                session.finish_reason = "stop"
+                results.append(FrameResult(None, "stop"))
+            else:
+                session.frames_emitted += 1
+                if session.frames_emitted >= session.request.max_frames:
+                    session.finish_reason = "length"
+                results.append(FrameResult(codes, session.finish_reason))
+        return results
 
     def decode_packet(self, session: Session, frames: Tensor) -> bytes:
         """Frames [n, 16] -> PCM16 LE, continuing the session's codec stream."""
@@ -339,13 +424,15 @@ class VoiceDesignEngine:
         packet has at least one frame and exactly the last one has `is_final`. A packet that ends while the
         EOS ban still holds (fewer than 2 frames emitted) goes out at once: the next step cannot end the
         session without a frame, so it is not the last (time to first audio does not wait for frame 1).
+        Frames are stepped one ahead (`_solo_next`) from frame 1 on, so a packet 0 of frame 0 alone goes out
+        before frame 1 is launched.
         """
         session = self.start_session(request)
         try:
             sequence = first_frame = 0
             buffer: list[Tensor] = []
             held: tuple[int, int, bytes] | None = None  # (first_frame, frame_count, pcm) of a full packet
-            result = self.prefill(session)
+            result, pending = self.prefill(session), None
             while True:
                 if result.codes is not None:
                     if held is not None:
@@ -362,7 +449,7 @@ class VoiceDesignEngine:
                     else:
                         held = (first_frame, len(buffer), pcm)
                     first_frame, buffer = first_frame + len(buffer), []
-                result = self.step([session])[0]
+                result, pending = self._solo_next(session, pending)
             if buffer:
                 pcm = self.decode_packet(session, torch.stack(buffer))
                 yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
@@ -379,16 +466,25 @@ class VoiceDesignEngine:
         """Prefill and step one opened session alone until it ends, then release it: LongTensor[T, 16]."""
         try:
             frames: list[Tensor] = []
-            result = self.prefill(session)
+            result, pending = self.prefill(session), None
             while True:
                 if result.codes is not None:
                     frames.append(result.codes)
                 if result.finish_reason is not None:
                     break
-                result = self.step([session])[0]
+                result, pending = self._solo_next(session, pending)
             return torch.stack(frames)
         finally:
             self.release(session)
+
+    def _solo_next(
+        self, session: Session, pending: PendingStep | None
+    ) -> tuple[FrameResult, PendingStep | None]:
+        """The next result of a session running alone, with the frame after it launched before it is
+        collected (when `max_frames` allows one): the frame in flight to pass back in."""
+        current = self.launch_step([session]) if pending is None else pending
+        following = self.launch_step([session]) if self.can_launch(session) else None
+        return self._all(self.collect_step(current))[0], following
 
     @staticmethod
     def _check_distinct(sessions: list[Session]) -> None:
@@ -396,12 +492,12 @@ class VoiceDesignEngine:
             raise EngineError("a session appears twice in one batch")
 
     def _uniform_index(self, session: Session) -> int:
-        """The row of `_uniforms` holding the uniforms of the session's next frame (a new block is drawn
-        from its generator first when that frame starts one)."""
-        block, frame = UNIFORM_BLOCK_FRAMES, session.frames_emitted
+        """The row of `_uniforms` holding the uniforms of the session's next frame to launch (a new block is
+        drawn from its generator first when that frame starts one, so blocks are drawn in launch order)."""
+        block, frame = UNIFORM_BLOCK_FRAMES, session.frames_launched
         start = session.slot * block
         if frame % block == 0:
-            self._uniforms[start : start + block].copy_(session.draw_uniform_block())
+            self._uniforms[start : start + block].copy_(self._upload(session.draw_uniform_block()))
         return start + frame % block
 
     def _rows(
@@ -422,25 +518,41 @@ class VoiceDesignEngine:
             predictor_sampling=self._sampling[2],
         )
 
-    def _advance(self, sessions: list[Session], slots: Tensor, codes: Tensor) -> list[FrameResult]:
-        """Record the batch's new frames codes [B, 16]: each row's cb0 into its slot's history and its codes
-        as the slot's last frame, then the results from one copy to the host.
+    def _launched(self, sessions: list[Session], slots: Tensor, codes: Tensor) -> PendingStep:
+        """Record the batch's new frames codes [B, 16] (each row's cb0 into its slot's history and its
+        codes as the slot's last frame) and start their copy to the host, all enqueued; count the frames
+        as launched.
 
-        Rows that drew EOS are recorded too (their session ends, and the next session opened on the slot
-        clears its history), so the two updates are one device op each, with no host round trip first.
+        Rows that will turn out to be EOS are recorded too (their session ends, and the next session opened
+        on the slot clears its history), so the two updates are one device op each, with no host round trip
+        first.
         """
         self._cb0_history.index_put_((slots, codes[:, 0]), self._true)
         self._last_codes.index_copy_(0, slots, codes)
-        host = codes.to("cpu", copy=True)  # a copy on CPU too: `codes` may be the backend's buffer
-        eos = self.config.talker.codec_eos_token_id
-        results = []
-        for session, frame, cb0 in zip(sessions, host.unbind(), host[:, 0].tolist(), strict=True):
-            if cb0 == eos:
-                session.finish_reason = "stop"
-                results.append(FrameResult(None, "stop"))
-                continue
-            session.frames_emitted += 1
-            if session.frames_emitted >= session.request.max_frames:
-                session.finish_reason = "length"
-            results.append(FrameResult(frame, session.finish_reason))
-        return results
+        cuda = self.device.type == "cuda"
+        # A copy on CPU too: `codes` may be the backend's buffer, which its next call overwrites.
+        host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=cuda)
+        host.copy_(codes, non_blocking=cuda)
+        ready = None
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        frames = tuple(s.frames_launched for s in sessions)
+        for session in sessions:
+            session.frames_in_flight += 1
+        return PendingStep(tuple(sessions), frames, host, ready)
+
+    def _upload(self, host: Tensor) -> Tensor:
+        """`host` on the engine's device without waiting for it: a pageable host-to-device copy synchronizes
+        the stream, so on CUDA it goes from pinned memory, asynchronously."""
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    @staticmethod
+    def _all(results: list[FrameResult | None]) -> list[FrameResult]:
+        """The results of a batch collected right after its launch: none can be None."""
+        complete = [r for r in results if r is not None]
+        if len(complete) != len(results):
+            raise EngineError("a session ended before the frame launched for it")
+        return complete
