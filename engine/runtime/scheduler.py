@@ -2,12 +2,20 @@
 
 Each loop iteration (1) retires cancelled requests, (2) starts newly admitted ones, prefills them together
 in one ``prefill_many`` call and sends their first frames as 1-frame packets ahead of everything else
-(first-frame priority: a newcomer never waits for the batch), then (3) runs one batched ``step`` over
-every session whose output queue has room. A session whose queue is full skips steps until its consumer
-drains it (backpressure), so a slow client slows only itself and the worker never blocks on I/O. The
+(first-frame priority: a newcomer never waits for the batch), then (3) launches one batched step over
+every session whose output queue has room and (4) collects the step launched by the previous iteration,
+so the device computes the next frame while the worker turns the last one into packets (engine.py, "one
+frame ahead"). A session whose queue is full is not launched until its consumer drains it (backpressure),
+so a slow client slows only itself and the worker never blocks on I/O; the packet a step in flight will
+release counts as queued, so a session is launched exactly when a step-by-step loop would step it. The
 packets that fall due in one step (several sessions completing a packet, or ending, on the same frame) are
 decoded by one ``decode_packets`` call, which batches them on CUDA (one codec graph replay) and decodes
 each session alone on CPU (engine.py says why), each continuing its own codec stream state.
+
+A frame launched for a session that turns out to have ended at the frame before (EOS), or that is retired
+(cancelled, failed) while the frame is in flight, is dropped when collected: no packet or event follows a
+request's end. Its slot may be handed to a newcomer before that: the engine orders the newcomer's setup
+after the frame on the device.
 
 Consumers (the HTTP layer, other threads) talk to the worker only through a ``RequestHandle``: ``poll``
 never blocks, ``cancel`` is idempotent, and a ``notify`` callback tells them when to poll again. Slots are
@@ -26,9 +34,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -50,6 +58,20 @@ class FrameEngine(Protocol):
     def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]: ...
 
     def release(self, session: Any) -> None: ...
+
+
+@runtime_checkable
+class PipelinedEngine(FrameEngine, Protocol):
+    """A ``FrameEngine`` whose step is split in two, so the worker runs a step ahead (``VoiceDesignEngine``).
+
+    An engine with only ``step`` (a test double wrapping one) is driven one step at a time: its launch
+    only notes the batch, and the step runs when collected, for the jobs still running then."""
+
+    def can_launch(self, session: Any) -> bool: ...
+
+    def launch_step(self, sessions: list[Any]) -> Any: ...
+
+    def collect_step(self, pending: Any) -> list[FrameResult | None]: ...
 
 
 class SchedulerFull(Exception):
@@ -173,6 +195,16 @@ class _Job:
     next_frame: int = 0
 
 
+@dataclass
+class _InFlight:
+    """A launched step: its jobs in launch order, the engine's pending step (None when the engine only has
+    ``step``) and the host time the launch took (microseconds)."""
+
+    jobs: list[_Job]
+    pending: Any
+    launch_microseconds: float
+
+
 class Scheduler:
     """Owns the engine thread; ``submit`` admits, handles stream the results."""
 
@@ -187,6 +219,7 @@ class Scheduler:
         if capacity < 1 or not 1 <= packet_frames <= 4 or queue_packets < 1:
             raise ValueError("capacity >= 1, packet_frames 1..4 and queue_packets >= 1 are required")
         self.engine = engine
+        self._pipeline = engine if isinstance(engine, PipelinedEngine) else None
         self.capacity = capacity
         self.packet_frames = packet_frames
         self.queue_packets = queue_packets
@@ -235,30 +268,38 @@ class Scheduler:
 
     def _run(self) -> None:
         failure = Failed("backend_unavailable", "the engine worker failed")
+        flight: _InFlight | None = None
         try:
             while True:
-                admitted = self._wait_for_work()
+                admitted = self._wait_for_work(block=flight is None)
                 if admitted is None:
                     failure = Failed("server_shutting_down", "the server is shutting down")
                     break
                 self._retire_cancelled()
                 self._admitting = admitted
                 self._admit()
-                ready = self._ready_jobs()
-                if ready:
-                    self._step(ready)
+                ready = self._ready_jobs(flight)
+                launched = self._launch(ready) if ready else None
+                if flight is not None:
+                    self._collect(flight)
+                flight = launched
         except Exception as error:
             logger.exception("the engine worker failed; no request can run until a restart")
             failure = Failed("backend_unavailable", f"the engine failed: {type(error).__name__}")
         finally:
             self._fail_all(failure.code, failure.detail)
 
-    def _has_room(self, job: _Job) -> bool:
-        return len(job.handle._outbox) < self.queue_packets
+    def _has_room(self, job: _Job, in_flight: bool = False) -> bool:
+        """Whether the job's next frame may be computed now. A job with a frame in flight and a held packet
+        will send that packet when the frame is collected (or end), so the packet counts as queued."""
+        queued = len(job.handle._outbox) + (1 if in_flight and job.held is not None else 0)
+        return queued < self.queue_packets
 
-    def _wait_for_work(self) -> list[RequestHandle] | None:
+    def _wait_for_work(self, block: bool) -> list[RequestHandle] | None:
+        """The newly submitted requests, or None when closing; with `block`, first wait until there is
+        something to do (a step in flight is always something to do: the caller does not block then)."""
         with self._lock:
-            while not (
+            while block and not (
                 self._closing
                 or self._incoming
                 or any(job.handle._cancel is not None or self._has_room(job) for job in self._active)
@@ -269,9 +310,19 @@ class Scheduler:
             admitted, self._incoming = self._incoming, []
             return admitted
 
-    def _ready_jobs(self) -> list[_Job]:
+    def _ready_jobs(self, flight: _InFlight | None) -> list[_Job]:
+        """The jobs to launch a step for: not cancelled, with room, and with a frame left to launch (the
+        engine's call: a job whose last frame is in flight waits for it to be collected)."""
+        flying = {id(job) for job in flight.jobs} if flight is not None else set()
         with self._lock:
-            return [job for job in self._active if job.handle._cancel is None and self._has_room(job)]
+            jobs = [
+                job
+                for job in self._active
+                if job.handle._cancel is None and self._has_room(job, id(job) in flying)
+            ]
+        if self._pipeline is None:
+            return jobs
+        return [job for job in jobs if self._pipeline.can_launch(job.session)]
 
     def _retire_cancelled(self) -> None:
         with self._lock:
@@ -337,23 +388,55 @@ class Scheduler:
         if is_backend_failure(error):
             raise error
 
-    def _step(self, jobs: list[_Job]) -> None:
+    def _launch(self, jobs: list[_Job]) -> _InFlight | None:
+        """Launch the next step of `jobs` (an engine with only ``step`` runs it when collected); None when
+        the launch failed and the jobs were retired."""
         started = time.perf_counter_ns()
         try:
-            results = self.engine.step([job.session for job in jobs])
-            if len(results) != len(jobs):
-                raise RuntimeError(f"step returned {len(results)} results for {len(jobs)} sessions")
+            pending = None
+            if self._pipeline is not None:
+                pending = self._pipeline.launch_step([job.session for job in jobs])
         except Exception as error:
-            if is_backend_failure(error):
-                raise  # _run ends every request, these included
-            logger.exception("engine step failed for %d session(s)", len(jobs))
-            for job in jobs:
-                self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
+            self._step_failed(jobs, error)
+            return None
+        return _InFlight(jobs, pending, (time.perf_counter_ns() - started) / 1000)
+
+    def _collect(self, flight: _InFlight) -> None:
+        """Wait for a launched step and take the results of its jobs that are still running."""
+        started = time.perf_counter_ns()
+        try:
+            results = self._results(flight)
+        except Exception as error:
+            self._step_failed([job for job in flight.jobs if job in self._active], error)
             return
-        elapsed = (time.perf_counter_ns() - started) / 1000
+        elapsed = flight.launch_microseconds + (time.perf_counter_ns() - started) / 1000
+        taken = []
+        for job, result in results:
+            if result is not None and job in self._active:  # else it ended before this frame: dropped
+                job.handle.metrics.talker_gpu_microseconds += elapsed
+                taken.append((job, result))
+        self._take(taken, target=self.packet_frames)
+
+    def _results(self, flight: _InFlight) -> list[tuple[_Job, FrameResult | None]]:
+        """The launched step's results, job by job (an engine with only ``step`` steps the jobs of the
+        flight that are still running now)."""
+        results: Sequence[FrameResult | None]
+        if self._pipeline is not None:
+            jobs, results = flight.jobs, self._pipeline.collect_step(flight.pending)
+        else:
+            jobs = [job for job in flight.jobs if job in self._active]
+            results = self.engine.step([job.session for job in jobs]) if jobs else []
+        if len(results) != len(jobs):
+            raise RuntimeError(f"step returned {len(results)} results for {len(jobs)} sessions")
+        return list(zip(jobs, results, strict=True))
+
+    def _step_failed(self, jobs: list[_Job], error: Exception) -> None:
+        """A launch or collect raised: a device fault ends the worker, anything else fails these jobs."""
+        if is_backend_failure(error):
+            raise error  # _run ends every request, these included
+        logger.exception("engine step failed for %d session(s)", len(jobs))
         for job in jobs:
-            job.handle.metrics.talker_gpu_microseconds += elapsed
-        self._take(list(zip(jobs, results, strict=True)), target=self.packet_frames)
+            self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
 
     def _take(self, taken: list[tuple[_Job, FrameResult]], target: int) -> None:
         """Group each job's frames into packets; the packets due now are decoded in one call.

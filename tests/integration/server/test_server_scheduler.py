@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+from qwen3_tts_native.engine.runtime.engine import PendingStep, VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import AudioPacket, FrameResult, SynthesisRequest, TalkerSampling
 from qwen3_tts_native.engine.runtime.scheduler import (
     Event,
@@ -22,6 +22,7 @@ from qwen3_tts_native.engine.runtime.scheduler import (
     Finished,
     RequestHandle,
     Scheduler,
+    SchedulerClosed,
     SchedulerFull,
 )
 
@@ -30,11 +31,13 @@ pytestmark = pytest.mark.integration
 
 class RecordingEngine:
     """Forwards to a real engine and logs ("prefill", request texts) / ("step", batch size) /
-    ("decode", batch size) calls."""
+    ("decode", batch size) calls; a step is logged when it is launched. Every result the worker collects
+    is kept by request text (`collected`)."""
 
     def __init__(self, engine: VoiceDesignEngine) -> None:
         self.engine = engine
         self.calls: list[tuple[str, Any]] = []
+        self.collected: dict[str, list[FrameResult | None]] = {}
         self.lock = threading.Lock()
 
     def start_session(self, request: SynthesisRequest) -> Any:
@@ -50,6 +53,20 @@ class RecordingEngine:
             self.calls.append(("step", len(sessions)))
         return self.engine.step(sessions)
 
+    def can_launch(self, session: Any) -> bool:
+        return self.engine.can_launch(session)
+
+    def launch_step(self, sessions: list[Any]) -> PendingStep:
+        with self.lock:
+            self.calls.append(("step", len(sessions)))
+        return self.engine.launch_step(sessions)
+
+    def collect_step(self, pending: PendingStep) -> list[FrameResult | None]:
+        results = self.engine.collect_step(pending)
+        for session, result in zip(pending.sessions, results, strict=True):
+            self.collected.setdefault(session.request.text, []).append(result)
+        return results
+
     def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]:
         with self.lock:
             self.calls.append(("decode", len(sessions)))
@@ -57,6 +74,15 @@ class RecordingEngine:
 
     def release(self, session: Any) -> None:
         self.engine.release(session)
+
+
+def assert_nothing_after_the_final_result(engine: RecordingEngine) -> None:
+    """The worker collected no result for a request after its final one (only dropped frames, None)."""
+    for text, results in engine.collected.items():
+        ends = [i for i, r in enumerate(results) if r is not None and r.finish_reason is not None]
+        assert len(ends) <= 1, text
+        if ends:
+            assert all(r is None for r in results[ends[0] + 1 :]), text
 
 
 def request(text: str, frames: int) -> SynthesisRequest:
@@ -108,6 +134,7 @@ def test_batches_first_frame_priority_and_slots(recording: RecordingEngine) -> N
     second_prefill = calls.index(("prefill", ("second",)))
     assert ("step", 2) in calls[second_prefill:], "the two sessions never shared a step"
     assert all(call == ("step", 1) for call in calls[1:second_prefill])
+    assert_nothing_after_the_final_result(recording)
     assert scheduler.used_slots == 0
 
 
@@ -130,7 +157,8 @@ def test_a_full_queue_pauses_only_its_own_session(recording: RecordingEngine) ->
 
 
 class PausingEngine(RecordingEngine):
-    """A RecordingEngine that holds the worker after its `after`-th step until `resume` is set."""
+    """A RecordingEngine that holds the worker after its `after`-th launch until `resume` is set (the step
+    is then in flight)."""
 
     def __init__(self, engine: VoiceDesignEngine, after: int) -> None:
         super().__init__(engine)
@@ -139,13 +167,13 @@ class PausingEngine(RecordingEngine):
         self.paused = threading.Event()
         self.resume = threading.Event()
 
-    def step(self, sessions: list[Any]) -> list[FrameResult]:
-        results = super().step(sessions)
+    def launch_step(self, sessions: list[Any]) -> PendingStep:
+        pending = super().launch_step(sessions)
         self.steps += 1
         if self.steps == self.after:
             self.paused.set()
             self.resume.wait(60)
-        return results
+        return pending
 
 
 def test_packets_due_together_are_decoded_in_one_call(
@@ -172,6 +200,7 @@ def test_packets_due_together_are_decoded_in_one_call(
         assert pcm == offline_pcm(req)
     decodes = [n for call, n in engine.calls if call == "decode"]
     assert decodes.count(2) == 4  # frames 5-8, 9-12, 13-16 and the final 17-19 of "early"
+    assert_nothing_after_the_final_result(engine)
     assert scheduler.used_slots == 0
 
 
@@ -239,3 +268,113 @@ def test_a_failed_batched_prefill_fails_each_of_its_requests(four_slots: VoiceDe
     assert all(isinstance(o, Failed) and o.code == "internal_error" for o in outcomes), outcomes
     assert isinstance(first_events[-1], Finished) and isinstance(later[-1], Finished)
     assert scheduler.used_slots == 0 and four_slots.free_slots == 4
+
+
+class BatchPausingEngine(RecordingEngine):
+    """A RecordingEngine that holds the worker after its first launch of `batch` sessions until `resume`
+    is set (that step is then in flight)."""
+
+    def __init__(self, engine: VoiceDesignEngine, batch: int) -> None:
+        super().__init__(engine)
+        self.batch = batch
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def launch_step(self, sessions: list[Any]) -> PendingStep:
+        pending = super().launch_step(sessions)
+        if len(sessions) == self.batch and not self.paused.is_set():
+            self.paused.set()
+            self.resume.wait(60)
+        return pending
+
+
+def test_a_request_cancelled_with_a_frame_in_flight(
+    reference_engine: VoiceDesignEngine, offline_pcm: Any
+) -> None:
+    """A request cancelled while a frame for it is in flight is retired at once and its slot goes to a
+    newcomer (two slots, both taken): the frame is collected and dropped, no event follows the
+    cancellation, and the other requests' PCM is still exactly their solo synthesis."""
+    engine = BatchPausingEngine(reference_engine, batch=2)
+    scheduler = Scheduler(engine, capacity=3, queue_packets=64)
+    doomed, kept, newcomer = request("doomed", 40), request("kept", 14), request("newcomer", 9)
+    try:
+        handles = [scheduler.submit(r, lambda: None) for r in (doomed, kept)]
+        assert engine.paused.wait(60)
+        handles[0].cancel()
+        handles.append(scheduler.submit(newcomer, lambda: None))
+        engine.resume.set()
+        streams = [drain(handle) for handle in handles]
+    finally:
+        engine.resume.set()
+        scheduler.close(30)
+    cancelled = streams.pop(0)
+    assert isinstance(cancelled[-1], Failed) and cancelled[-1].code == "request_cancelled"
+    assert engine.collected["doomed"][-1] is None  # the frame in flight at the cancellation
+    for req, stream in zip((kept, newcomer), streams, strict=True):
+        assert isinstance(stream[-1], Finished) and stream[-1].finish_reason == "length"
+        assert b"".join(e.pcm for e in stream if isinstance(e, AudioPacket)) == offline_pcm(req)
+    assert_nothing_after_the_final_result(engine)
+    assert scheduler.used_slots == 0 and reference_engine.free_slots == 2
+
+
+class FailingStepEngine(PausingEngine):
+    """A PausingEngine whose next ``launch_step`` or ``collect_step`` raises the error armed for it (once)."""
+
+    launch_error: Exception | None = None
+    collect_error: Exception | None = None
+
+    def launch_step(self, sessions: list[Any]) -> PendingStep:
+        if self.launch_error is not None:
+            error, self.launch_error = self.launch_error, None
+            raise error
+        return super().launch_step(sessions)
+
+    def collect_step(self, pending: PendingStep) -> list[FrameResult | None]:
+        if self.collect_error is not None:
+            error, self.collect_error = self.collect_error, None
+            raise error
+        return super().collect_step(pending)
+
+
+@pytest.mark.parametrize("where", ["launch", "collect"])
+def test_a_failed_launch_or_collect_fails_its_requests(
+    reference_engine: VoiceDesignEngine, offline_pcm: Any, where: str
+) -> None:
+    """An engine error in either half of a step fails the request in it with ``internal_error``; its
+    other frame in flight is dropped, its slot is freed and the next request runs as usual."""
+    engine = FailingStepEngine(reference_engine, after=3)
+    scheduler = Scheduler(engine, capacity=2, queue_packets=64)
+    later = request("later", 6)
+    try:
+        victim = scheduler.submit(request("victim", 30), lambda: None)
+        assert engine.paused.wait(60)
+        setattr(engine, f"{where}_error", RuntimeError(f"{where} exploded"))
+        engine.resume.set()
+        outcome = drain(victim)[-1]
+        after = drain(scheduler.submit(later, lambda: None))
+    finally:
+        engine.resume.set()
+        scheduler.close(30)
+    assert isinstance(outcome, Failed) and outcome.code == "internal_error"
+    assert isinstance(after[-1], Finished)
+    assert b"".join(e.pcm for e in after if isinstance(e, AudioPacket)) == offline_pcm(later)
+    assert_nothing_after_the_final_result(engine)
+    assert scheduler.used_slots == 0 and reference_engine.free_slots == 2
+
+
+def test_a_device_fault_in_a_collect_ends_every_request(reference_engine: VoiceDesignEngine) -> None:
+    engine = FailingStepEngine(reference_engine, after=3)
+    scheduler = Scheduler(engine, capacity=2, queue_packets=64)
+    try:
+        handles = [scheduler.submit(request(text, 30), lambda: None) for text in ("one", "two")]
+        assert engine.paused.wait(60)
+        engine.collect_error = torch.OutOfMemoryError("CUDA out of memory (injected)")
+        engine.resume.set()
+        outcomes = [drain(handle)[-1] for handle in handles]
+        with pytest.raises(SchedulerClosed):
+            scheduler.submit(request("refused", 4), lambda: None)
+    finally:
+        engine.resume.set()
+        scheduler.close(30)
+    assert all(isinstance(o, Failed) and o.code == "backend_unavailable" for o in outcomes), outcomes
+    assert scheduler.used_slots == 0 and reference_engine.free_slots == 2
