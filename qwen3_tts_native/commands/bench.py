@@ -217,9 +217,10 @@ def measure_single(engine: Any, frames: int, runs: int) -> dict[str, Any]:
 
 def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> dict[str, Any]:
     """Lockstep: all streams arrive at t0 and are prefilled in one `prefill_many` call (their first packets
-    decoded in one `decode_packets` call), then stepped together; 1-frame first packet, then 4-frame
-    packets; the packets due after a step are decoded in one `decode_packets` call (batched across
-    sessions). Per-stream RTF counts from t0."""
+    decoded in one `decode_packets` call), then stepped together, one step in flight (the next is launched
+    before the last is collected, as the server does); 1-frame first packet, then 4-frame packets; the
+    packets due after a step are decoded in one `decode_packets` call (batched across sessions). Per-stream
+    RTF counts from t0; `steps` counts the steps collected."""
     import torch
 
     sessions = [engine.start_session(make_request(frames, seed=1000 + i)) for i in range(streams)]
@@ -261,14 +262,23 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
         flush([(index, result.finish_reason is not None) for index, result in enumerate(first)])
         active = [index for index, result in enumerate(first) if result.finish_reason is None]
         steps = 0
+        pending: tuple[list[int], Any] | None = None
         while active:
             if time.perf_counter() > deadline:
                 truncated = True
                 break
-            results = engine.step([sessions[i] for i in active])
+            launch = [i for i in active if engine.can_launch(sessions[i])]
+            following = (launch, engine.launch_step([sessions[i] for i in launch])) if launch else None
+            if pending is None:
+                pending = following
+                continue
+            stepped, results = pending[0], engine.collect_step(pending[1])
+            pending = following
             steps += 1
             still, due = [], []
-            for index, result in zip(active, results, strict=True):
+            for index, result in zip(stepped, results, strict=True):
+                if result is None:  # launched after the session's last frame: dropped
+                    continue
                 if result.codes is not None:
                     buffers[index].append(result.codes)
                 done = result.finish_reason is not None
