@@ -438,31 +438,48 @@ def codec_packet_ms(engine: Any, runs: int = 20, profile_path: Path | None = Non
                 values.append((time.perf_counter() - start) * 1000)
             out[f"{frames}_frame"] = statistics.median(values)
         if profile_path is not None:
-            out.update(profile_codec_packet(engine, session, profile_path))
+            out.update(profile_codec_packet(engine, [session], profile_path))
     finally:
         engine.release(session)
     return out
 
 
-def profile_codec_packet(engine: Any, session: Any, path: Path) -> dict[str, float]:
-    """torch.profiler over one 4-frame `decode_packet`: kernel count and GPU busy time, table to `path`."""
+def profile_codec_packet(engine: Any, sessions: list[Any], path: Path) -> dict[str, float]:
+    """torch.profiler over one 4-frame `decode_packets` of `sessions` (after one unprofiled call, which
+    captures a graph on first use): kernel count, GPU busy and wall time; the table goes to `path`."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    codes = torch.randint(0, 2048, (4, 16), device=engine.device)
+    packets = [torch.randint(0, 2048, (4, 16), device=engine.device) for _ in sessions]
+    engine.decode_packets(sessions, packets)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.decode_packets(sessions, packets)
+    wall_ms = (time.perf_counter() - start) * 1000
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.decode_packet(session, codes)
+        engine.decode_packets(sessions, packets)
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     summary = {
         "codec_4_frame_kernels": float(len(kernels)),
         "codec_4_frame_gpu_busy_ms": sum(e.device_time for e in kernels) / 1000,
+        "codec_4_frame_wall_ms": wall_ms,
     }
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     path.parent.mkdir(parents=True, exist_ok=True)
-    title = "# one 4-frame codec packet (decode_packet), one session"
+    title = f"# one 4-frame codec packet (decode_packets) of {len(sessions)} session(s)"
     path.write_text(f"{title}\n{json.dumps(summary)}\n\n{table}\n")
     return summary
+
+
+def profile_codec_streams(engine: Any, streams: int, path: Path) -> dict[str, float]:
+    """`profile_codec_packet` for `streams` fresh sessions decoded together (the lockstep case)."""
+    sessions = [engine.start_session(make_request(8, seed=7000 + i)) for i in range(streams)]
+    try:
+        return profile_codec_packet(engine, sessions, path)
+    finally:
+        for session in sessions:
+            engine.release(session)
 
 
 def codec_error(engine: Any, decoder_bf16: Any, frames: int = 48) -> dict[str, float]:
@@ -553,6 +570,9 @@ def bench_mode(
             top = max(levels)
             result[f"profile_b{top}"] = profile_frame(
                 engine, backend, top, profile_dir / f"profile-{name}-b{top}.txt"
+            )
+            result[f"codec_packet_b{top}"] = profile_codec_streams(
+                engine, top, profile_dir / f"profile-{name}-codec-b{top}.txt"
             )
         finally:
             undo()
