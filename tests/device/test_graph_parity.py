@@ -23,8 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from qwen3_tts_native.engine.audio import float_to_pcm16
 from qwen3_tts_native.engine.kernels import ops
 from qwen3_tts_native.engine.runtime import graphs, step
+from qwen3_tts_native.engine.runtime.accelerate import accelerate
+from qwen3_tts_native.engine.runtime.codec_graphs import fp32_codec
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
 from qwen3_tts_native.engine.runtime.request import PredictorSampling, SynthesisRequest, TalkerSampling
@@ -335,3 +338,25 @@ def test_a_session_leaving_a_full_bucket_changes_nothing_for_the_others(engine: 
     assert leaves[1].shape[0] == 6
     for index in (0, 2, 3):
         assert torch.equal(stays[index], leaves[index]), f"session {index}"
+
+
+def test_streamed_pcm_on_the_codec_stream_is_the_one_shot_decode(engine: VoiceDesignEngine) -> None:
+    """With the frame and codec graphs installed (the server's paths), the codec runs on its own stream,
+    overlapping the frame launched ahead of it. The streamed PCM must still be the decode of the frames'
+    codes: within 2 PCM16 steps of the one-shot float32 decode (a packet is one pass, so its GEMMs round
+    at other N than the one-shot's 32-frame passes; a race would be off by far more)."""
+    fresh = fresh_engine(engine)
+    undo = accelerate(fresh, EXACT)
+    try:
+        request = greedy(frames=41)
+        pcm = b"".join(packet.pcm for packet in fresh.synthesize(request))
+        codes = fresh.generate_codes(request)
+    finally:
+        undo()
+    assert fresh.decoder is not None
+    with fp32_codec():
+        wave = fresh.decoder.decode(codes.T.unsqueeze(0).to("cuda"))[0].cpu()
+    streamed = torch.frombuffer(bytearray(pcm), dtype=torch.int16).to(torch.int32)
+    one_shot = torch.frombuffer(bytearray(float_to_pcm16(wave)), dtype=torch.int16).to(torch.int32)
+    assert streamed.shape == one_shot.shape == (codes.shape[0] * 1920,)
+    assert (streamed - one_shot).abs().max().item() <= 2
