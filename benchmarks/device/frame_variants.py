@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
+from qwen3_tts_native.commands.bench import make_request, replay_ms, zero_eos_copy
 from qwen3_tts_native.engine.config import load_config
 from qwen3_tts_native.engine.kernels import ops
 from qwen3_tts_native.engine.runtime import graphs
@@ -26,16 +25,6 @@ from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.modes import resolve_mode
 
 REPLAYS = 30
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
-    graph.replay()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(REPLAYS):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / REPLAYS * 1000
 
 
 def kernel_table(engine: VoiceDesignEngine, session: Any) -> str:
@@ -78,7 +67,7 @@ def main() -> int:
                 backend.release_graphs()
                 base.step([session])  # captures bucket 1 with this launch kind
                 label = "dependent_launch" if dependent else "plain_launch"
-                figures[label] = replay_ms(backend.decode_graph(1))
+                figures[label] = replay_ms(backend.decode_graph(1), REPLAYS)
                 if not dependent:
                     tables.append(f"# {mode_name}, plain launches\n{kernel_table(base, session)}\n")
         finally:

@@ -387,32 +387,34 @@ def profile_frame(engine: Any, backend: Any, streams: int, path: Path) -> dict[s
     return summary
 
 
+def replay_ms(graph: Any, replays: int = 20) -> float:
+    """Milliseconds per replay of a captured CUDA graph, replayed back to back after one warm replay."""
+    import torch
+
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / replays * 1000
+
+
 def graph_replay_ms(engine: Any, backend: Any, sessions: list[Any], replays: int = 20) -> dict[str, float]:
     """The frame graph of this batch replayed back to back, without the step's host work: with programmatic
     dependent launch (as captured) and recaptured without it, so the difference is what it saves."""
-    import torch
 
     from ..engine.kernels import ops
 
     if backend is None or not hasattr(backend, "decode_graph"):
         return {}
 
-    def timed() -> float:
-        graph = backend.decode_graph(len(sessions))
-        graph.replay()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / replays * 1000
-
-    with_dependent_launch = timed()
+    with_dependent_launch = replay_ms(backend.decode_graph(len(sessions)), replays)
     try:
         ops.set_dependent_launch(False)
         backend.release_graphs()
         engine.step(sessions)  # recaptures this bucket without dependent launch
-        without = timed()
+        without = replay_ms(backend.decode_graph(len(sessions)), replays)
     finally:
         ops.set_dependent_launch(True)
         backend.release_graphs()
