@@ -38,7 +38,8 @@ FAULT_WAIT_S = 60.0
 
 
 class FaultyEngine:
-    """Forwards to the real engine; a test arms at most a few faults at this boundary."""
+    """Forwards to the real engine, pipelined steps included (so the scheduler drives it as it drives the
+    real one); a test arms at most a few faults at this boundary."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -61,7 +62,22 @@ class FaultyEngine:
     def prefill_many(self, sessions: list[Any]) -> list[FrameResult]:
         return self.engine.prefill_many(sessions)  # type: ignore[no-any-return]
 
+    def can_launch(self, session: Any) -> bool:
+        return self.engine.can_launch(session)  # type: ignore[no-any-return]
+
+    def launch_step(self, sessions: list[Any]) -> Any:
+        return self.engine.launch_step(sessions)
+
+    def collect_step(self, pending: Any) -> list[FrameResult | None]:
+        """The server's path (the worker runs a step ahead): the step faults fire where its results arrive."""
+        self._step_faults()
+        return self.engine.collect_step(pending)  # type: ignore[no-any-return]
+
     def step(self, sessions: list[Any]) -> list[FrameResult]:
+        self._step_faults()
+        return self.engine.step(sessions)  # type: ignore[no-any-return]
+
+    def _step_faults(self) -> None:
         if self.hold_steps:
             self.step_held.set()
             assert self.step_gate.wait(FAULT_WAIT_S)
@@ -69,7 +85,6 @@ class FaultyEngine:
             assert self.step_gate.wait(FAULT_WAIT_S)
             error, self.step_error = self.step_error, None
             raise error
-        return self.engine.step(sessions)  # type: ignore[no-any-return]
 
     def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]:
         if self.decode_error is not None:
