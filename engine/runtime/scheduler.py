@@ -34,9 +34,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 
@@ -47,31 +47,22 @@ logger = logging.getLogger("qwen3_tts.engine")
 
 
 class FrameEngine(Protocol):
-    """The part of ``VoiceDesignEngine`` the scheduler drives (sessions are opaque to it)."""
+    """The part of ``VoiceDesignEngine`` the scheduler drives (sessions are opaque to it). The step is split
+    in two (``launch_step`` / ``collect_step``), so the worker runs a step ahead."""
 
     def start_session(self, request: SynthesisRequest) -> Any: ...
 
     def prefill_many(self, sessions: list[Any]) -> list[FrameResult]: ...
-
-    def step(self, sessions: list[Any]) -> list[FrameResult]: ...
-
-    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]: ...
-
-    def release(self, session: Any) -> None: ...
-
-
-@runtime_checkable
-class PipelinedEngine(FrameEngine, Protocol):
-    """A ``FrameEngine`` whose step is split in two, so the worker runs a step ahead (``VoiceDesignEngine``).
-
-    An engine with only ``step`` (a test double wrapping one) is driven one step at a time: its launch
-    only notes the batch, and the step runs when collected, for the jobs still running then."""
 
     def can_launch(self, session: Any) -> bool: ...
 
     def launch_step(self, sessions: list[Any]) -> Any: ...
 
     def collect_step(self, pending: Any) -> list[FrameResult | None]: ...
+
+    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]: ...
+
+    def release(self, session: Any) -> None: ...
 
 
 class SchedulerFull(Exception):
@@ -197,8 +188,8 @@ class _Job:
 
 @dataclass
 class _InFlight:
-    """A launched step: its jobs in launch order, the engine's pending step (None when the engine only has
-    ``step``) and the host time the launch took (microseconds)."""
+    """A launched step: its jobs in launch order, the engine's pending step and the host time the launch took
+    (microseconds)."""
 
     jobs: list[_Job]
     pending: Any
@@ -219,7 +210,6 @@ class Scheduler:
         if capacity < 1 or not 1 <= packet_frames <= 4 or queue_packets < 1:
             raise ValueError("capacity >= 1, packet_frames 1..4 and queue_packets >= 1 are required")
         self.engine = engine
-        self._pipeline = engine if isinstance(engine, PipelinedEngine) else None
         self.capacity = capacity
         self.packet_frames = packet_frames
         self.queue_packets = queue_packets
@@ -320,9 +310,7 @@ class Scheduler:
                 for job in self._active
                 if job.handle._cancel is None and self._has_room(job, id(job) in flying)
             ]
-        if self._pipeline is None:
-            return jobs
-        return [job for job in jobs if self._pipeline.can_launch(job.session)]
+        return [job for job in jobs if self.engine.can_launch(job.session)]
 
     def _retire_cancelled(self) -> None:
         with self._lock:
@@ -389,13 +377,10 @@ class Scheduler:
             raise error
 
     def _launch(self, jobs: list[_Job]) -> _InFlight | None:
-        """Launch the next step of `jobs` (an engine with only ``step`` runs it when collected); None when
-        the launch failed and the jobs were retired."""
+        """Launch the next step of `jobs`; None when the launch failed and the jobs were retired."""
         started = time.perf_counter_ns()
         try:
-            pending = None
-            if self._pipeline is not None:
-                pending = self._pipeline.launch_step([job.session for job in jobs])
+            pending = self.engine.launch_step([job.session for job in jobs])
         except Exception as error:
             self._step_failed(jobs, error)
             return None
@@ -418,17 +403,11 @@ class Scheduler:
         self._take(taken, target=self.packet_frames)
 
     def _results(self, flight: _InFlight) -> list[tuple[_Job, FrameResult | None]]:
-        """The launched step's results, job by job (an engine with only ``step`` steps the jobs of the
-        flight that are still running now)."""
-        results: Sequence[FrameResult | None]
-        if self._pipeline is not None:
-            jobs, results = flight.jobs, self._pipeline.collect_step(flight.pending)
-        else:
-            jobs = [job for job in flight.jobs if job in self._active]
-            results = self.engine.step([job.session for job in jobs]) if jobs else []
-        if len(results) != len(jobs):
-            raise RuntimeError(f"step returned {len(results)} results for {len(jobs)} sessions")
-        return list(zip(jobs, results, strict=True))
+        """The launched step's results, job by job."""
+        results = self.engine.collect_step(flight.pending)
+        if len(results) != len(flight.jobs):
+            raise RuntimeError(f"step returned {len(results)} results for {len(flight.jobs)} sessions")
+        return list(zip(flight.jobs, results, strict=True))
 
     def _step_failed(self, jobs: list[_Job], error: Exception) -> None:
         """A launch or collect raised: a device fault ends the worker, anything else fails these jobs."""

@@ -110,7 +110,7 @@ def test_valid_extreme_sampling_numbers_never_emit_a_suppressed_id(engine: Voice
 
 
 class _BrokenStepEngine:
-    """Forwards to a real engine, but every `step` raises."""
+    """Forwards to a real engine, but every step launch raises."""
 
     def __init__(self, engine: VoiceDesignEngine) -> None:
         self.engine = engine
@@ -121,8 +121,14 @@ class _BrokenStepEngine:
     def prefill_many(self, sessions: list[Any]) -> list[FrameResult]:
         return self.engine.prefill_many(sessions)
 
-    def step(self, sessions: list[Any]) -> list[FrameResult]:
+    def can_launch(self, session: Any) -> bool:
+        return self.engine.can_launch(session)
+
+    def launch_step(self, sessions: list[Any]) -> Any:
         raise RuntimeError("kernel exploded at frame 1")
+
+    def collect_step(self, pending: Any) -> list[FrameResult | None]:
+        raise AssertionError("nothing was launched")
 
     def decode_packets(self, sessions: list[Any], frames: list[Tensor]) -> list[bytes]:
         return [b"\0\0" * 1920 * f.shape[0] for f in frames]

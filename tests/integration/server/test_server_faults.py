@@ -38,8 +38,7 @@ FAULT_WAIT_S = 60.0
 
 
 class FaultyEngine:
-    """Forwards to the real engine, pipelined steps included (so the scheduler drives it as it drives the
-    real one); a test arms at most a few faults at this boundary."""
+    """Forwards to the real engine; a test arms at most a few faults at this boundary."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -69,15 +68,7 @@ class FaultyEngine:
         return self.engine.launch_step(sessions)
 
     def collect_step(self, pending: Any) -> list[FrameResult | None]:
-        """The server's path (the worker runs a step ahead): the step faults fire where its results arrive."""
-        self._step_faults()
-        return self.engine.collect_step(pending)  # type: ignore[no-any-return]
-
-    def step(self, sessions: list[Any]) -> list[FrameResult]:
-        self._step_faults()
-        return self.engine.step(sessions)  # type: ignore[no-any-return]
-
-    def _step_faults(self) -> None:
+        """The step faults fire where the step's results arrive."""
         if self.hold_steps:
             self.step_held.set()
             assert self.step_gate.wait(FAULT_WAIT_S)
@@ -85,6 +76,7 @@ class FaultyEngine:
             assert self.step_gate.wait(FAULT_WAIT_S)
             error, self.step_error = self.step_error, None
             raise error
+        return self.engine.collect_step(pending)  # type: ignore[no-any-return]
 
     def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]:
         if self.decode_error is not None:

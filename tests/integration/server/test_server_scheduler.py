@@ -48,11 +48,6 @@ class RecordingEngine:
             self.calls.append(("prefill", tuple(session.request.text for session in sessions)))
         return self.engine.prefill_many(sessions)
 
-    def step(self, sessions: list[Any]) -> list[FrameResult]:
-        with self.lock:
-            self.calls.append(("step", len(sessions)))
-        return self.engine.step(sessions)
-
     def can_launch(self, session: Any) -> bool:
         return self.engine.can_launch(session)
 
