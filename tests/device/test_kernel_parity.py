@@ -53,14 +53,23 @@ def test_rms_norm(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyp
     ulp_close(out, expected)
 
 
-@pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 16, 8, 128), (64, 16, 8, 128), (5, 16, 16, 64)])
-def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int) -> None:  # type: ignore[no-untyped-def]
-    slots_total, max_len = batch + 3, 300
+def rope_inputs(
+    batch: int, heads: int, kv_heads: int, dim: int, max_len: int
+) -> tuple[torch.Tensor, ...]:
+    """One new token per row for the rope ops: q, k, v (views of one fused qkv row), the q/k norm weights and
+    the cos/sin tables of `max_len` positions."""
     qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
     qn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
     kn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
     cos, sin = layers.rope_cos_sin(torch.arange(max_len, device="cuda"), dim, 1e6, BF16)
+    return q, k, v, qn, kn, cos, sin
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 16, 8, 128), (64, 16, 8, 128), (5, 16, 16, 64)])
+def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int) -> None:  # type: ignore[no-untyped-def]
+    slots_total, max_len = batch + 3, 300
+    q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
     positions = torch.randint(0, max_len, (batch,), device="cuda")
     slots = torch.randperm(slots_total, device="cuda")[:batch]
     poison = torch.full((slots_total, kv_heads, max_len, dim), float("nan"), device="cuda", dtype=BF16)
@@ -108,11 +117,7 @@ def test_rope_attention_is_rope_then_attention(  # type: ignore[no-untyped-def]
     """The one-kernel short-cache path (max_len <= 64; 300 takes the two kernels) equals
     qk_norm_rope_cache then decode_attention bit for bit: the output and both caches."""
     slots_total = batch + 2
-    qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)
-    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
-    qn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
-    kn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
-    cos, sin = layers.rope_cos_sin(torch.arange(max_len, device="cuda"), dim, 1e6, BF16)
+    q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
     positions = torch.randint(0, max_len, (batch,), device="cuda")
     positions[0] = max_len - 1
     slots = torch.randperm(slots_total, device="cuda")[:batch]
