@@ -8,6 +8,7 @@ snapshot, tokenizer or checkpoint code.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.machinery
 import math
 import sys
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from qwen3_tts_native.engine.config import (
+    SpeechDecoderConfig,
     VoiceDesignConfig,
     parse_generation_defaults,
     parse_speech_decoder_config,
@@ -285,6 +287,24 @@ def official_model_builder() -> Callable[..., Any]:
 @pytest.fixture(scope="session")
 def tiny_voice_design_config() -> VoiceDesignConfig:
     return tiny_config()
+
+
+@pytest.fixture(scope="session")
+def deep_grouped_kv_decoder_config(tiny_voice_design_config: VoiceDesignConfig) -> SpeechDecoderConfig:
+    """The tiny speech decoder at full depth (8 transformer layers: an attention field of 8 x 71 frames)
+    with grouped KV heads (two query heads a KV head)."""
+    return dataclasses.replace(
+        tiny_voice_design_config.speech_decoder,
+        codebook_dim=32,
+        hidden_size=64,
+        latent_dim=48,
+        head_dim=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=8,
+        intermediate_size=96,
+        decoder_dim=48,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,11 @@ whole decode to float32 rounding, not bit for bit: the largest difference measur
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from official_codec import official_decoder, official_waveform, random_decoder_tensors
 
-from qwen3_tts_native.engine.config import VoiceDesignConfig
+from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig
 from qwen3_tts_native.engine.model.codec import SpeechDecoder
 
 pytestmark = pytest.mark.parity
@@ -61,22 +59,13 @@ def test_clamped_output_matches_official(tiny_pair) -> None:
     assert (ours.decode(codes) - expected).abs().max().item() <= TOLERANCE
 
 
-def test_gqa_eight_layers_long_stream_matches_official(tiny_voice_design_config: VoiceDesignConfig) -> None:
+def test_gqa_eight_layers_long_stream_matches_official(
+    deep_grouped_kv_decoder_config: SpeechDecoderConfig,
+) -> None:
     """Full depth (8 layers: the attention field is 8 x 71 frames), grouped KV heads, 400 frames (> 300,
     where the official `chunked_decode` starts to differ): one-shot matches the whole official decode, and
     streamed in the engine's packets (1 then 4s) equals one-shot bit for bit."""
-    config = dataclasses.replace(
-        tiny_voice_design_config.speech_decoder,
-        codebook_dim=32,
-        hidden_size=64,
-        latent_dim=48,
-        head_dim=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=8,
-        intermediate_size=96,
-        decoder_dim=48,
-    )
+    config = deep_grouped_kv_decoder_config
     tensors = random_decoder_tensors(config, seed=11)
     official, ours = official_decoder(config, tensors), SpeechDecoder.from_tensors(config, tensors)
     codes = _codes(1, 400, seed=5)

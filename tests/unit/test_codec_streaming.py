@@ -290,21 +290,12 @@ def test_pass_mask_is_each_querys_window(
         assert torch.equal(mask[row, 0] == float("-inf"), ~visible)
 
 
-def test_grouped_kv_heads_eight_layers_stream_exactly(tiny_voice_design_config: VoiceDesignConfig) -> None:
+def test_grouped_kv_heads_eight_layers_stream_exactly(
+    deep_grouped_kv_decoder_config: SpeechDecoderConfig,
+) -> None:
     """Grouped KV heads (two query heads a KV head, so a pass has `2 n` query rows) and the full depth's
     8 x 71-frame attention field, 400 frames: streamed in the engine's packets == one-shot (float64)."""
-    config = dataclasses.replace(
-        tiny_voice_design_config.speech_decoder,
-        codebook_dim=32,
-        hidden_size=64,
-        latent_dim=48,
-        head_dim=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=8,
-        intermediate_size=96,
-        decoder_dim=48,
-    )
+    config = deep_grouped_kv_decoder_config
     decoder = SpeechDecoder.from_tensors(
         config, {n: t.double() for n, t in random_tensors(config, 11).items()}
     )
