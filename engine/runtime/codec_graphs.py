@@ -10,8 +10,15 @@ rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code,
 through the decoder for all the packet's frames; it skips compacting the state, which the scatter copies
 anyway), and scatters the updated states back, all inside the graph. Padded rows of a partly filled
 bucket use the scratch row, whose contents never matter. A session's stream starts when `reset(slot)`
-zeroes its row. A graph's activations grow with bucket x frames: the (64, 4) graph's float32 peak is
-about 2.5 GB by its shapes (PASS_FRAMES in codec.py), in the pool all graphs share.
+zeroes its row.
+
+Stream: everything that touches the pool (resets, replays) runs on the backend's own CUDA stream
+(`stream`; the engine decodes inside it), so a packet's decode overlaps the frame the engine launched
+ahead of it on the main stream instead of queueing behind it. The pool is made and graphs are captured on
+the caller's stream, which `stream` then waits for.
+
+A graph's activations grow with bucket x frames: the (64, 4) graph's float32 peak is about 2.5 GB by its
+shapes (PASS_FRAMES in codec.py), in the pool all graphs share.
 
 Numerics: the same module code as the eager decoder on the same dtype; float32 decoders run with TF32
 disabled (`fp32_codec`), so float32 stays float32. A graph's GEMMs see N = bucket x frames columns, and
@@ -97,13 +104,20 @@ class CodecGraphs:
         self._packets: dict[tuple[int, int], _Packet] = {}
         self._graph_pool = torch.cuda.graph_pool_handle()
         self._fp32 = decoder.first_codebook.dtype == torch.float32
+        self.stream = torch.cuda.Stream(device=decoder.first_codebook.device)
+        self.stream.wait_stream(torch.cuda.current_stream())  # the pool's zeros
+        # Captured on a stream of their own, not torch's shared default capture stream: cuBLAS keeps a
+        # workspace per stream and a graph embeds the one it was captured with, so the codec graphs must not
+        # share the frame graphs' workspace while the two replay concurrently.
+        self._capture_stream = torch.cuda.Stream(device=decoder.first_codebook.device)
 
     def reset(self, slot: int) -> None:
-        """Start a new stream in pool row `slot` (frame 0, empty histories)."""
+        """Start a new stream in pool row `slot` (frame 0, empty histories), on `stream`."""
         pool = self.pool
-        pool.position[slot] = 0
-        for tensor in [*pool.kv, *pool.history.values()]:
-            tensor[slot].zero_()
+        with torch.cuda.stream(self.stream):
+            pool.position[slot] = 0
+            for tensor in [*pool.kv, *pool.history.values()]:
+                tensor[slot].zero_()
 
     def decode(self, slots: list[int], codes: Tensor) -> Tensor:
         """The next n frames of the streams in `slots`: codes [B, quantizers, n] -> wave [B, n * hop]."""
@@ -133,6 +147,7 @@ class CodecGraphs:
         for bucket in sorted(wanted):
             for frames in range(1, MAX_PACKET_FRAMES + 1):
                 self._packet(bucket, frames)
+        self.stream.wait_stream(torch.cuda.current_stream())  # the warm-ups advanced the scratch row
 
     def _bucket(self, batch: int) -> int:
         return next((b for b in self.buckets if b >= batch), self.buckets[-1])
@@ -170,7 +185,7 @@ class CodecGraphs:
                     run()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            with torch.cuda.graph(graph, pool=self._graph_pool, stream=self._capture_stream):
                 wave = run()
         return graph, wave
 

@@ -25,7 +25,7 @@ while its sessions stay the same.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -385,13 +385,23 @@ class VoiceDesignEngine:
         for index, packet in enumerate(frames):
             groups.setdefault(packet.shape[0] if batched else index, []).append(index)
         out: list[bytes] = [b""] * len(sessions)
-        with fp32_codec() if self.device.type == "cuda" else nullcontext():
+        with fp32_codec() if self.device.type == "cuda" else nullcontext(), self._codec_stream(frames):
             for members in groups.values():
                 codes = torch.stack([frames[i] for i in members]).to(self.device).transpose(1, 2)
                 wave = self._decode_batch([sessions[i] for i in members], codes).cpu()
                 for row, index in enumerate(members):
                     out[index] = float_to_pcm16(wave[row])
         return out
+
+    def _codec_stream(self, frames: list[Tensor]) -> AbstractContextManager[object]:
+        """The codec graphs' own stream (codec_graphs.py), where a packet's decode overlaps the frame launched
+        ahead of it; codes already on the GPU were made on this stream, which the codec then waits for."""
+        backend = self.codec_backend
+        if backend is None:
+            return nullcontext()
+        if any(f.is_cuda for f in frames):
+            backend.stream.wait_stream(torch.cuda.current_stream())
+        return torch.cuda.stream(backend.stream)
 
     def _decode_batch(self, sessions: list[Session], codes: Tensor) -> Tensor:
         """codes [B, 16, n] of B sessions -> waveform [B, n * hop] (float32 or wider)."""

@@ -19,14 +19,27 @@ __device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16_rn(x); 
 // One torch bf16 elementwise op: compute in fp32, round once to bf16, return as float.
 __device__ __forceinline__ float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// First statement of every kernel started by `launch_kernel` (launch.cuh): wait until the previous kernel in
-// the stream has finished and its writes are visible, then let the next kernel's blocks be scheduled. Before
-// this point a kernel must not read or write global memory. A no-op without a programmatic dependency.
-__device__ __forceinline__ void begin_dependent_kernel() {
+// Programmatic dependent launch (launch.cuh), device side. `wait_for_previous_kernel` returns once the previous
+// kernel in the stream has finished and its writes are visible; `allow_next_kernel` lets the next kernel's
+// blocks be scheduled now (they run up to their own wait). Both are no-ops without a programmatic dependency.
+__device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// First statement of every kernel started by `launch_kernel` that reads nothing before its inputs are ready:
+// wait for the previous kernel, then let the next one be scheduled. Before this point a kernel must not read
+// or write global memory. (The GEMVs instead start loading their weights, which no kernel writes, first.)
+__device__ __forceinline__ void begin_dependent_kernel() {
+  wait_for_previous_kernel();
+  allow_next_kernel();
 }
 
 template <typename T>

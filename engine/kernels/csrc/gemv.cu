@@ -66,14 +66,30 @@ struct Chunk<WeightKind::kFp8E4M3> {
   }
 };
 
+// One batch of this lane's weight chunks (base, base + 32, ...; kUnroll of them) of each of the R rows.
+template <int R>
+__device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint4* const (&rows)[R], int base,
+                                            int chunks) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int c = base + u * 32;
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r][u] = c < chunks ? __ldg(rows[r] + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // The weight-streaming loop of one warp over R weight rows (`rows[r]`, k wide) against the NT activation rows of
 // x: acc[r][t] = sum_k W_r[k] x_t[k], this lane's share. Each lane takes chunks lane, lane + 32, ... in order,
 // so a weight row's reduction order does not depend on R, NT or n.
+// The first batch of weights is loaded before `wait_for_previous_kernel`: weights are never written by a
+// kernel, so they stream in while the kernel that makes x is still running (dependent launch), and for
+// the code predictor's k = 1024 that batch is the whole row.
 template <WeightKind K, int NT, int R>
 __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4* const (&rows)[R],
                                                 const bf16* __restrict__ x, int rows_here, int k, int x_stride) {
   using C = Chunk<K>;
   constexpr int E = C::kElems;
+  constexpr int kStep = 32 * kUnroll;
   const int lane = threadIdx.x & 31;
   const int chunks = k / E;
 #pragma unroll
@@ -81,14 +97,10 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   }
-  for (int base = lane; base < chunks; base += 32 * kUnroll) {
-    uint4 raw[R][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = base + u * 32;
-#pragma unroll
-      for (int r = 0; r < R; ++r) raw[r][u] = c < chunks ? __ldg(rows[r] + c) : make_uint4(0, 0, 0, 0);
-    }
+  uint4 raw[R][kUnroll];
+  load_chunks<R>(raw, rows, lane, chunks);
+  wait_for_previous_kernel();
+  for (int base = lane; base < chunks; base += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = base + u * 32;
@@ -112,6 +124,7 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4
         }
       }
     }
+    if (base + kStep < chunks) load_chunks<R>(raw, rows, base + kStep, chunks);
   }
 }
 
@@ -133,7 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                 const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
                 int x_stride, int y_stride) {
-  begin_dependent_kernel();
+  allow_next_kernel();
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (row >= m) return;
   const int rows_here = min(NT, n);
@@ -154,7 +167,7 @@ template <WeightKind K, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_swiglu_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride) {
-  begin_dependent_kernel();
+  allow_next_kernel();
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (row >= m) return;
   const int rows_here = min(NT, n);

@@ -6,8 +6,9 @@
 // `begin_dependent_kernel` (device side, common.cuh) until its results are visible, so launch latency
 // overlaps work. Graph capture keeps the dependency as a programmatic edge.
 //
-// Contract for every kernel launched here: call `begin_dependent_kernel()` before touching global memory
-// (it both waits for the previous grid and lets the next one be scheduled).
+// Contract for every kernel launched here: call `wait_for_previous_kernel()` (common.cuh; most kernels call
+// `begin_dependent_kernel()`, which also lets the next kernel be scheduled) before reading anything a kernel
+// writes or writing anything; only data no kernel writes (the weights) may be read before it.
 #pragma once
 
 #include <cuda_runtime.h>
