@@ -395,7 +395,8 @@ class VoiceDesignEngine:
 
     def _codec_stream(self, frames: list[Tensor]) -> AbstractContextManager[object]:
         """The codec graphs' own stream (codec_graphs.py), where a packet's decode overlaps the frame launched
-        ahead of it; codes already on the GPU were made on this stream, which the codec then waits for."""
+        ahead of it. Codes handed over on the GPU were made on the current stream, so the codec stream waits
+        for it first (and gives up the overlap); the engine's own frames arrive on the host."""
         backend = self.codec_backend
         if backend is None:
             return nullcontext()
