@@ -24,6 +24,13 @@ def test_extension_is_not_loaded_without_cuda() -> None:
     assert not ops.kernels_available()
 
 
+def test_every_kernel_source_is_built_and_hashed() -> None:
+    """A source file left out of SOURCES/HEADERS would be missing from the build or, worse, could change
+    without changing the build cache key."""
+    on_disk = {p.name for p in loader.CSRC.iterdir() if p.suffix in {".cu", ".cuh", ".cpp", ".h"}}
+    assert on_disk == {*loader.SOURCES, *loader.HEADERS}
+
+
 def test_norms_rope_swiglu_fall_back_exactly() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 64, generator=g)
