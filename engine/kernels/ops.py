@@ -21,7 +21,6 @@ __all__ = [
     "decode_attention",
     "kernels_available",
     "linear",
-    "linear_add_rms_norm_",
     "linear_swiglu",
     "qk_norm_rope_cache",
     "rms_norm",
@@ -226,48 +225,6 @@ def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor 
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ext.snake_beta(out, x, frequency, inverse_beta, bias)
     return out
-
-
-def linear_add_rms_norm_(
-    x: Tensor, weight: Tensor | QuantizedWeight, residual: Tensor, norm_weight: Tensor, eps: float
-) -> Tensor:
-    """residual <- residual + x @ W^T in place; returns rms_norm(residual) * norm_weight.
-
-    For 1 to 16 rows one kernel: the GEMV, whose last block to finish adds and norms the rows (norm.cuh),
-    which saves the norm kernel and a dependency per use. Bit-identical to `linear` then `add_rms_norm_`.
-    """
-    operands = _gemv_operands(x, weight, None)
-    rows = x.reshape(-1, x.shape[-1]).shape[0]
-    width = weight.shape[0]
-    fits = (
-        1 <= rows <= 16
-        and width % 8 == 0
-        and residual.is_cuda
-        and residual.is_contiguous()
-        and residual.shape == (*x.shape[:-1], width)
-        and residual.dtype == norm_weight.dtype == torch.bfloat16
-    )
-    if operands is None or not fits:
-        return add_rms_norm_(linear(x, weight), residual, norm_weight, eps)
-    ext, x_rows, data, scale = operands
-    y = torch.empty(rows, width, dtype=x.dtype, device=x.device)
-    out = torch.empty_like(y)
-    counter = _blocks_done(x.device)
-    ext.gemv_add_rms_norm(out, y, x_rows, data, scale, residual.view(rows, width), norm_weight, eps, counter)
-    return out.view(residual.shape)
-
-
-def _blocks_done(device: torch.device) -> Tensor:
-    """The zeroed block counter of `gemv_add_rms_norm` for the current stream (launches sharing a counter
-    must be ordered on one stream; a graph keeps the counter of the stream it was captured on)."""
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    counter = _BLOCK_COUNTERS.get(key)
-    if counter is None:
-        counter = _BLOCK_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return counter
-
-
-_BLOCK_COUNTERS: dict[tuple[int | None, int], Tensor] = {}
 
 
 def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None):  # type: ignore[no-untyped-def]

@@ -131,14 +131,6 @@ def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
     return silu_mul(product[..., :width], product[..., width:])
 
 
-def linear_add_rms_norm_(
-    x: Tensor, weight: Tensor | QuantizedWeight, residual: Tensor, norm_weight: Tensor, eps: float
-) -> Tensor:
-    """residual <- residual + x @ W^T; returns rms_norm(residual) (a decoder block's o or down projection and
-    the add-RMSNorm after it)."""
-    return add_rms_norm_(linear(x, weight), residual, norm_weight, eps)
-
-
 def sample(
     logits: Tensor,
     uniforms: Tensor,

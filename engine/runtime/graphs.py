@@ -86,14 +86,6 @@ class Weight:
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
 
-    def add_rms_norm_(self, x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float) -> Tensor:
-        """residual += x @ W^T in place; returns rms_norm(residual) * norm_weight. On the GEMV path one kernel
-        whose last block adds and norms (ops.linear_add_rms_norm_); on cuBLAS the product, then the
-        add-RMSNorm kernel."""
-        if self._dense_rows(x):
-            return ops.add_rms_norm_(F.linear(x, self.dense), residual, norm_weight, eps)
-        return ops.linear_add_rms_norm_(x, self.small, residual, norm_weight, eps)
-
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
 
@@ -183,9 +175,8 @@ def _run_blocks(
     """One token per row through every block (residual stream `x` [N, H] is updated in place); row i is at
     positions[i] and attends to lengths[i] = positions[i] + 1 keys.
 
-    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm, and on the GEMV
-    path that into the o or down projection before it. `distinct_slots`: no two rows write the same cache
-    slot (see `ops.rope_attention`).
+    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm. `distinct_slots`:
+    no two rows write the same cache slot (see `ops.rope_attention`).
     """
     h = ops.rms_norm(x, blocks[0].input_norm, eps)
     for index, blk in enumerate(blocks):
@@ -197,10 +188,10 @@ def _run_blocks(
             positions, lengths, slots, k_cache, v_cache, eps, scale,
             distinct_slots=distinct_slots,
         )
-        h = blk.o.add_rms_norm_(attended, x, blk.post_norm, eps)
+        h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
         mlp = blk.gate_up.swiglu(h)
         following = blocks[index + 1].input_norm if index + 1 < len(blocks) else final_norm
-        h = blk.down.add_rms_norm_(mlp, x, following, eps)
+        h = ops.add_rms_norm_(blk.down(mlp), x, following, eps)
     return h
 
 

@@ -86,18 +86,6 @@ def test_linear_swiglu_falls_back_to_linear_then_swiglu() -> None:
     assert torch.equal(ops.linear_swiglu(x, quantized), layers.swiglu(product[:, :48], product[:, 48:]))
 
 
-def test_linear_add_rms_norm_falls_back_to_linear_then_add_rms_norm() -> None:
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(3, 64, generator=g)
-    w = torch.randn(48, 64, generator=g)
-    norm = torch.randn(48, generator=g)
-    residual = torch.randn(3, 48, generator=g)
-    expected_sum = residual + layers.linear(x, w)
-    out = ops.linear_add_rms_norm_(x, w, residual, norm, 1e-6)
-    assert torch.equal(residual, expected_sum)
-    assert torch.equal(out, layers.rms_norm(expected_sum, norm, 1e-6))
-
-
 def test_attention_and_cache_write_fall_back() -> None:
     g = torch.Generator().manual_seed(2)
     batch, heads, kv_heads, dim, max_len = 3, 4, 2, 16, 12

@@ -135,13 +135,13 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
-// The GEMV weight's kind and its per-row scale (8-bit weights only), checked against x.
-struct GemvWeight {
-  q3tts::WeightKind kind;
-  const float* scale;
-};
-
-GemvWeight check_gemv_weight(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale) {
+// y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
+void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
+               bool swiglu) {
+  check(x, "x", at::kBFloat16);
+  check(y, "y", at::kBFloat16);
+  check_rows(x, "x");
+  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1, "y must be 2-D with unit inner stride");
   check_cuda(w, "w");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be contiguous [out, in]");
   q3tts::WeightKind kind;
@@ -158,17 +158,6 @@ GemvWeight check_gemv_weight(const at::Tensor& x, const at::Tensor& w, const c10
     s = scale->data_ptr<float>();
   }
   TORCH_CHECK(kind == q3tts::WeightKind::kBf16 || s != nullptr, "8-bit weights need a scale");
-  return {kind, s};
-}
-
-// y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
-void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-               bool swiglu) {
-  check(x, "x", at::kBFloat16);
-  check(y, "y", at::kBFloat16);
-  check_rows(x, "x");
-  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1, "y must be 2-D with unit inner stride");
-  const GemvWeight weight = check_gemv_weight(x, w, scale);
   const void* b = nullptr;
   if (bias.has_value()) {
     check(*bias, "bias", at::kBFloat16);
@@ -179,34 +168,9 @@ void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tenso
   TORCH_CHECK(!swiglu || w.size(0) % 2 == 0, "a fused gate/up weight has an even number of rows");
   TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == outputs, "y must be [n, outputs]");
   const c10::cuda::CUDAGuard guard(x.device());
-  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), weight.scale, b, x.size(0), x.size(1), outputs,
-                 x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
+  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), outputs, x.stride(0),
+                 y.stride(0), kind, swiglu, stream()),
      "gemv");
-}
-
-// y = x @ w^T; residual += y; out = rms_norm(residual) * norm_weight, in one kernel (n <= 16 rows).
-void gemv_add_rms_norm(at::Tensor out, at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale,
-                       at::Tensor residual, at::Tensor norm_weight, double eps, at::Tensor blocks_done) {
-  check(x, "x", at::kBFloat16);
-  check_rows(x, "x");
-  const GemvWeight weight = check_gemv_weight(x, w, scale);
-  const int64_t n = x.size(0), m = w.size(0);
-  TORCH_CHECK(n >= 1 && n <= 16, "gemv_add_rms_norm takes 1 to 16 rows");
-  for (auto* t : {&out, &y, &residual}) {
-    check(*t, "out, y and residual", at::kBFloat16);
-    TORCH_CHECK(t->is_contiguous() && t->dim() == 2 && t->size(0) == n && t->size(1) == m,
-                "out, y and residual must be contiguous [n, out]");
-  }
-  check(norm_weight, "norm_weight", at::kBFloat16);
-  TORCH_CHECK(norm_weight.is_contiguous() && norm_weight.numel() == m, "norm_weight must be [out]");
-  check(blocks_done, "blocks_done", at::kInt);
-  TORCH_CHECK(blocks_done.numel() == 1, "blocks_done must be one int32 counter");
-  const c10::cuda::CUDAGuard guard(x.device());
-  ok(q3tts::gemv_add_rms_norm(out.data_ptr(), y.data_ptr(), x.data_ptr(), w.data_ptr(), weight.scale,
-                              residual.data_ptr(), norm_weight.data_ptr(), n, x.size(1), m, x.stride(0),
-                              static_cast<float>(eps), reinterpret_cast<unsigned*>(blocks_done.data_ptr<int>()),
-                              weight.kind, stream()),
-     "gemv_add_rms_norm");
 }
 
 void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
@@ -312,7 +276,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul);
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);
-  m.def("gemv_add_rms_norm", &gemv_add_rms_norm);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("set_dependent_launch", &set_dependent_launch);

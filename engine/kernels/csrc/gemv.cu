@@ -3,16 +3,13 @@
 // flight, and applies them to a tile of up to 16 activation rows read through L1. The per-row reduction
 // order (lane -> chunk mapping, then a fixed butterfly) does not depend on n or on the tile split, so a
 // row's result is the same whatever batch it is in. The SwiGLU variant computes the gate and up rows of the
-// fused gate/up weight in one warp and writes only SiLU(gate) * up (the decoder block's MLP input). The
-// add-RMSNorm variant lets the last block to finish add the product into the residual stream and norm it
-// (the decoder block's o and down projections), which saves the norm kernel and its dependency.
+// fused gate/up weight in one warp and writes only SiLU(gate) * up (the decoder block's MLP input).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
-#include "norm.cuh"
 
 namespace q3tts {
 namespace {
@@ -186,48 +183,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// y = x @ W^T for n <= NT rows (as gemv_kernel computes it), then the last block of the grid to finish does
-// residual += y; out = rms_norm(residual) * norm_weight, row by row, with rms_norm_kernel's code
-// (norm.cuh), so the result is bit-identical to the GEMV followed by the add-RMSNorm kernel. `blocks_done`
-// counts finished blocks and is zero between launches (the last block resets it); launches sharing one
-// counter must be ordered on one stream. Rows of y, residual and out are m elements apart.
-template <WeightKind K, int NT>
-__global__ void __launch_bounds__(kNormThreads)
-    gemv_add_rms_norm_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
-                             const float* __restrict__ scale, int n, int k, int m, int x_stride,
-                             bf16* __restrict__ residual, const bf16* __restrict__ norm_weight,
-                             bf16* __restrict__ out, float eps, unsigned* blocks_done) {
-  constexpr int kWarpsHere = kNormThreads / 32;
-  allow_next_kernel();
-  __shared__ float scratch[32];
-  __shared__ bool last_block;
-  const int row = blockIdx.x * kWarpsHere + (threadIdx.x >> 5);
-  const int rows_here = min(NT, n);
-  if (row < m) {
-    const uint4* const rows[1] = {weight_row<K>(w, row, k)};
-    float acc[1][NT];
-    accumulate_rows<K, NT, 1>(acc, rows, x, rows_here, k, x_stride);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const bf16 v = product(acc[0][t], scale, nullptr, row);
-      if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * m + row] = v;
-    }
-  } else {
-    wait_for_previous_kernel();
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  for (int t = 0; t < rows_here; ++t) {
-    const int64_t offset = static_cast<int64_t>(t) * m;
-    add_rms_norm_row<true>(out + offset, y + offset, residual + offset, norm_weight, m, eps, scratch);
-  }
-  if (threadIdx.x == 0) *blocks_done = 0;
-}
-
 // Tiles of up to 16 activation rows, one launch each; `swiglu` picks the SwiGLU kernel (m = its outputs).
 template <WeightKind K>
 cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale, const bf16* bias, int n, int k,
@@ -259,23 +214,6 @@ cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale,
   return cudaSuccess;
 }
 
-template <WeightKind K>
-cudaError_t launch_add_rms_norm(bf16* y, const bf16* x, const uint8_t* w, const float* scale, int n, int k, int m,
-                                int x_stride, bf16* residual, const bf16* norm_weight, bf16* out, float eps,
-                                unsigned* blocks_done, cudaStream_t stream) {
-  const dim3 grid((m + kNormThreads / 32 - 1) / (kNormThreads / 32));
-  const dim3 block(kNormThreads);
-#define Q3TTS_FUSED(NT)                                                                                      \
-  launch_kernel(gemv_add_rms_norm_kernel<K, NT>, grid, block, stream, y, x, w, scale, n, k, m, x_stride,   \
-                residual, norm_weight, out, eps, blocks_done)
-  if (n <= 1) return Q3TTS_FUSED(1);
-  if (n <= 2) return Q3TTS_FUSED(2);
-  if (n <= 4) return Q3TTS_FUSED(4);
-  if (n <= 8) return Q3TTS_FUSED(8);
-  return Q3TTS_FUSED(16);
-#undef Q3TTS_FUSED
-}
-
 }  // namespace
 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
@@ -293,34 +231,6 @@ cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, cons
       return launch<WeightKind::kInt8>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
     case WeightKind::kFp8E4M3:
       return launch<WeightKind::kFp8E4M3>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t gemv_add_rms_norm(void* out, void* y, const void* x, const void* w, const float* scale, void* residual,
-                              const void* norm_weight, int n, int k, int m, int x_stride, float eps,
-                              unsigned* blocks_done, WeightKind kind, cudaStream_t stream) {
-  const int elems = kind == WeightKind::kBf16 ? 8 : 16;
-  if (k % elems != 0 || x_stride % 8 != 0 || m % 8 != 0 || m > kNormThreads * 8 * kNormMaxVecPerThread ||
-      n < 1 || n > 16) {
-    return cudaErrorInvalidValue;
-  }
-  auto* yb = static_cast<bf16*>(y);
-  auto* xb = static_cast<const bf16*>(x);
-  auto* wb = static_cast<const uint8_t*>(w);
-  auto* rb = static_cast<bf16*>(residual);
-  auto* nb = static_cast<const bf16*>(norm_weight);
-  auto* ob = static_cast<bf16*>(out);
-  switch (kind) {
-    case WeightKind::kBf16:
-      return launch_add_rms_norm<WeightKind::kBf16>(yb, xb, wb, scale, n, k, m, x_stride, rb, nb, ob, eps,
-                                                    blocks_done, stream);
-    case WeightKind::kInt8:
-      return launch_add_rms_norm<WeightKind::kInt8>(yb, xb, wb, scale, n, k, m, x_stride, rb, nb, ob, eps,
-                                                    blocks_done, stream);
-    case WeightKind::kFp8E4M3:
-      return launch_add_rms_norm<WeightKind::kFp8E4M3>(yb, xb, wb, scale, n, k, m, x_stride, rb, nb, ob, eps,
-                                                       blocks_done, stream);
   }
   return cudaErrorInvalidValue;
 }

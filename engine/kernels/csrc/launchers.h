@@ -51,14 +51,6 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
                  int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
 
-// The o/down projection of a decoder block fused with the add-RMSNorm that follows it, for n <= 16 rows:
-// y[n, :m] = gemv(x, W) (no bias), then residual[n, :m] += y and out = rms_norm(residual) * norm_weight, as
-// `gemv` then `rms_norm` with a residual compute them (bit for bit). y, residual and out are contiguous
-// [n, m]. `blocks_done` is one zeroed counter, left zeroed; launches that share it must be stream-ordered.
-cudaError_t gemv_add_rms_norm(void* out, void* y, const void* x, const void* w, const float* scale, void* residual,
-                              const void* norm_weight, int n, int k, int m, int x_stride, float eps,
-                              unsigned* blocks_done, WeightKind kind, cudaStream_t stream);
-
 // out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
 // null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
 // every op). out is contiguous [B, C, T].
