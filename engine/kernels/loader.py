@@ -27,7 +27,7 @@ SOURCES = (
     "sampling.cu",
     "snake.cu",
 )
-HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "norm.cuh", "rope.cuh")
+HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "rope.cuh")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"
 CACHE_ENV = "QWEN3_TTS_KERNEL_CACHE"
 

@@ -14,8 +14,10 @@ zeroes its row.
 
 Stream: everything that touches the pool (resets, replays) runs on the backend's own CUDA stream
 (`stream`; the engine decodes inside it), so a packet's decode overlaps the frame the engine launched
-ahead of it on the main stream instead of queueing behind it. The pool is made and graphs are captured on
-the caller's stream, which `stream` then waits for.
+ahead of it on the main stream instead of queueing behind it. The stream has high priority, so the
+packet's kernels are scheduled ahead of the frame's when both wait for SMs (the packet is what a listener
+waits for; the frame has 80 ms of audio to run ahead). The pool is made on the caller's stream, which
+`stream` then waits for; graphs are captured on a capture stream of their own (see __init__).
 
 A graph's activations grow with bucket x frames: the (64, 4) graph's float32 peak is about 2.5 GB by its
 shapes (PASS_FRAMES in codec.py), in the pool all graphs share.
@@ -104,7 +106,7 @@ class CodecGraphs:
         self._packets: dict[tuple[int, int], _Packet] = {}
         self._graph_pool = torch.cuda.graph_pool_handle()
         self._fp32 = decoder.first_codebook.dtype == torch.float32
-        self.stream = torch.cuda.Stream(device=decoder.first_codebook.device)
+        self.stream = torch.cuda.Stream(device=decoder.first_codebook.device, priority=-1)
         self.stream.wait_stream(torch.cuda.current_stream())  # the pool's zeros
         # Captured on a stream of their own, not torch's shared default capture stream: cuBLAS keeps a
         # workspace per stream and a graph embeds the one it was captured with, so the codec graphs must not
