@@ -1,0 +1,90 @@
+"""A/B of time to first audio and one-stream RTF with the codec graphs on their own (high-priority) CUDA
+stream, as shipped, and on the engine's main stream, on a full random snapshot, in one process.
+
+The first packet's path is timed in parts too (prefill, then the 1-frame packet's decode), so a difference
+shows where it comes from. Variants alternate run by run, so drift hits both alike.
+
+Usage: python benchmarks/device/ttfa_codec_stream.py --model SNAPSHOT --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
+from qwen3_tts_native.engine.config import load_config
+from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+
+RUNS = 12
+
+
+def first_packet_parts(engine: VoiceDesignEngine, seed: int) -> dict[str, float]:
+    start = time.perf_counter()
+    session = engine.start_session(make_request(16, seed=seed))
+    try:
+        result = engine.prefill(session)
+        prefilled = time.perf_counter()
+        assert result.codes is not None
+        engine.decode_packet(session, result.codes.unsqueeze(0))
+        done = time.perf_counter()
+    finally:
+        engine.release(session)
+    return {"prefill_ms": (prefilled - start) * 1000, "decode_ms": (done - prefilled) * 1000,
+            "first_audio_ms": (done - start) * 1000}
+
+
+def synthesize_ms(engine: VoiceDesignEngine, frames: int, seed: int) -> tuple[float, float]:
+    start = time.perf_counter()
+    packets = engine.synthesize(make_request(frames, seed=seed))
+    first_packet = next(packets)
+    first = time.perf_counter()
+    produced = first_packet.frame_count + sum(p.frame_count for p in packets)
+    return (first - start) * 1000, (time.perf_counter() - start) / (produced * 0.08)
+
+
+def main() -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--modes", default="exact,fast")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    eos = load_config(args.model).talker.codec_eos_token_id
+    timing_model = zero_eos_copy(args.model, args.model.with_name(args.model.name + "-noeos"), eos)
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    for mode in [m for m in args.modes.split(",") if m]:
+        engine = VoiceDesignEngine.load(timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1,
+                                        max_context=512, mode=mode)
+        backend = engine.codec_backend
+        assert backend is not None
+        own_stream = backend.stream
+        samples: dict[str, dict[str, list[float]]] = {"own_stream": {}, "main_stream": {}}
+        for run in range(RUNS + 1):
+            for variant in samples:
+                backend.stream = own_stream if variant == "own_stream" else torch.cuda.current_stream()
+                parts = first_packet_parts(engine, seed=run)
+                ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
+                if run == 0:
+                    continue  # warm-up
+                for key, value in {**parts, "synthesize_ttfa_ms": ttfa, "synthesize_rtf": rtf}.items():
+                    samples[variant].setdefault(key, []).append(value)
+        backend.stream = own_stream
+        medians = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in samples.items()}
+        result["modes"][mode] = {"median": medians, "samples": samples}
+        print(mode, json.dumps(medians, indent=1), flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    (args.out / "ttfa-codec-stream.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
