@@ -103,8 +103,16 @@ QWEN3_TTS_ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
 )
 
 LANGUAGE_IDS: dict[str, int] = {
-    "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
-    "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069,
+    "chinese": 2055,
+    "english": 2050,
+    "german": 2053,
+    "italian": 2070,
+    "portuguese": 2071,
+    "spanish": 2054,
+    "japanese": 2058,
+    "korean": 2064,
+    "french": 2061,
+    "russian": 2069,
 }
 
 GENERATION_CONFIG: dict[str, Any] = {
@@ -139,37 +147,73 @@ SPEECH_PREPROCESSOR_CONFIG: dict[str, Any] = {
 }
 
 MODELSCOPE_CONFIGURATION: dict[str, Any] = {
-    "framework": "pytorch", "task": "text-to-speech", "allow_remote": True,
+    "framework": "pytorch",
+    "task": "text-to-speech",
+    "allow_remote": True,
 }
 
 _FULL_TALKER: dict[str, Any] = {
-    "vocab_size": 3072, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 3072,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
     "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
     "text_hidden_size": 2048,
 }
 _FULL_PREDICTOR: dict[str, Any] = {
-    "vocab_size": 2048, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 5,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 2048,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
 }
 _FULL_DECODER: dict[str, Any] = {
-    "codebook_size": 2048, "codebook_dim": 512, "hidden_size": 512, "latent_dim": 1024, "head_dim": 64,
-    "intermediate_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 8,
+    "codebook_size": 2048,
+    "codebook_dim": 512,
+    "hidden_size": 512,
+    "latent_dim": 1024,
+    "head_dim": 64,
+    "intermediate_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "num_hidden_layers": 8,
     "decoder_dim": 1536,
 }
 _TINY_TALKER: dict[str, Any] = {
-    "vocab_size": 3072, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 3072,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
     "rope_scaling": {"interleaved": True, "mrope_section": [3, 3, 2], "rope_type": "default"},
     "text_hidden_size": 64,
 }
 _TINY_PREDICTOR: dict[str, Any] = {
-    "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 2048,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
 }
 _TINY_DECODER: dict[str, Any] = {
-    "codebook_size": 2048, "codebook_dim": 16, "hidden_size": 32, "latent_dim": 32, "head_dim": 8,
-    "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+    "codebook_size": 2048,
+    "codebook_dim": 16,
+    "hidden_size": 32,
+    "latent_dim": 32,
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
     "decoder_dim": 32,
 }
 
@@ -362,7 +406,9 @@ _MAX_MERGES = 1500
 def byte_level_alphabet() -> list[str]:
     """The 256 byte-level symbols in Qwen2's id order (GPT-2 ``bytes_to_unicode``): id i -> symbol."""
     printable = [
-        *range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1),
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
     ]
     symbols = [chr(code) for code in printable]
     symbols += [chr(256 + index) for index in range(256 - len(printable))]
@@ -532,8 +578,9 @@ def _final_conv_name(config: VoiceDesignConfig) -> str:
     return f"decoder.decoder.{len(config.speech_decoder.upsample_rates) + 2}.conv.weight"
 
 
-def tensor_chunks(name: str, shape: tuple[int, ...], seed: int,
-                  config: VoiceDesignConfig) -> Iterator[torch.Tensor]:
+def tensor_chunks(
+    name: str, shape: tuple[int, ...], seed: int, config: VoiceDesignConfig
+) -> Iterator[torch.Tensor]:
     """The float32 values of one tensor, in row blocks; a pure function of (seed, name, shape, config)."""
     generator = _generator(seed, name)
     if name.endswith("cluster_usage"):
@@ -555,9 +602,12 @@ def tensor_chunks(name: str, shape: tuple[int, ...], seed: int,
         yield _normal((rows, *shape[1:]), std, mean, generator)
 
 
-def write_safetensors(path: Path, specs: dict[str, TensorSpec],
-                      produce: Callable[[str, tuple[int, ...]], Iterator[torch.Tensor]],
-                      on_bytes: Callable[[int], None] | None = None) -> None:
+def write_safetensors(
+    path: Path,
+    specs: dict[str, TensorSpec],
+    produce: Callable[[str, tuple[int, ...]], Iterator[torch.Tensor]],
+    on_bytes: Callable[[int], None] | None = None,
+) -> None:
     """Stream a safetensors file: header first, then each tensor's chunks cast to its dtype, in name order."""
     names = sorted(specs)
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -639,8 +689,9 @@ def random_repository(preset: Preset, seed: int) -> str:
     return f"local/random-{preset}-seed{seed}"
 
 
-def write_random_snapshot(out_dir: str | Path, preset: Preset, seed: int,
-                          progress: ProgressCallback | None = None) -> Path:
+def write_random_snapshot(
+    out_dir: str | Path, preset: Preset, seed: int, progress: ProgressCallback | None = None
+) -> Path:
     """Write a random-weight snapshot to ``out_dir`` (absent or empty), atomically; returns its path.
 
     Everything is written into a temporary sibling directory first and renamed into place at the end.

@@ -35,8 +35,21 @@ SHIPPED_PINS = "release/pins"
 _CHUNK = 8 * 1024 * 1024
 _MAX_HEADER = 100 * 1024 * 1024
 _DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "I16": 16, "U16": 16, "F16": 16,
-    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
 }
 # (file, tensor-name prefix, component): the first matching rule wins.
 _COMPONENT_RULES: tuple[tuple[str, str, str], ...] = (
@@ -373,8 +386,11 @@ def _list_tree(root: Path, allow_symlinks: bool) -> _Listing:
         elif kind == "symlink":
             listing.refused.add(text)
             target = os.readlink(root / text)
-            reason = "regular files only; pass --allow-symlinks for a Hugging Face cache snapshot" if (
-                not allow_symlinks) else "it does not point at a regular file"
+            reason = (
+                "regular files only; pass --allow-symlinks for a Hugging Face cache snapshot"
+                if (not allow_symlinks)
+                else "it does not point at a regular file"
+            )
             listing.problems.append(f"symlink refused: {text} -> {target} ({reason})")
         else:
             listing.refused.add(text)
@@ -483,7 +499,9 @@ def _file_from_json(item: Mapping[str, Any]) -> FileEntry:
         bytes=item["bytes"],
         sha256=item.get("sha256"),
         git_blob_sha1=item.get("git_blob_sha1"),
-        safetensors=None if summary is None else SafetensorsSummary(
+        safetensors=None
+        if summary is None
+        else SafetensorsSummary(
             summary["header_bytes"], summary["tensors"], summary["parameters"], tuple(summary["dtypes"])
         ),
     )

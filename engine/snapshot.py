@@ -28,10 +28,21 @@ SPEECH_TOKENIZER_MODEL_FILE = f"{SPEECH_TOKENIZER_DIR}/model.safetensors"
 SPEECH_ENCODER_PREFIX = "encoder."
 
 DTYPE_BYTES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 _MAX_LISTED = 20
@@ -55,33 +66,43 @@ def expected_voice_design_tensors(config: VoiceDesignConfig) -> dict[str, Tensor
     for index in range(talker.num_hidden_layers):
         specs.update(
             _decoder_layer(
-                f"talker.model.layers.{index}.", talker.hidden_size, talker.intermediate_size,
-                talker.num_attention_heads, talker.num_key_value_heads, talker.head_dim,
+                f"talker.model.layers.{index}.",
+                talker.hidden_size,
+                talker.intermediate_size,
+                talker.num_attention_heads,
+                talker.num_key_value_heads,
+                talker.head_dim,
             )
         )
     for index in range(predictor.num_hidden_layers):
         specs.update(
             _decoder_layer(
-                f"talker.code_predictor.model.layers.{index}.", predictor.hidden_size,
-                predictor.intermediate_size, predictor.num_attention_heads, predictor.num_key_value_heads,
+                f"talker.code_predictor.model.layers.{index}.",
+                predictor.hidden_size,
+                predictor.intermediate_size,
+                predictor.num_attention_heads,
+                predictor.num_key_value_heads,
                 predictor.head_dim,
             )
         )
     for group in range(predictor.num_code_groups - 1):
         specs[f"talker.code_predictor.model.codec_embedding.{group}.weight"] = (
-            predictor.vocab_size, talker.hidden_size,
+            predictor.vocab_size,
+            talker.hidden_size,
         )
         specs[f"talker.code_predictor.lm_head.{group}.weight"] = (predictor.vocab_size, predictor.hidden_size)
     if predictor.hidden_size != talker.hidden_size:  # the official code uses Identity otherwise
         specs["talker.code_predictor.small_to_mtp_projection.weight"] = (
-            predictor.hidden_size, talker.hidden_size,
+            predictor.hidden_size,
+            talker.hidden_size,
         )
         specs["talker.code_predictor.small_to_mtp_projection.bias"] = (predictor.hidden_size,)
     return {name: (shape, "BF16") for name, shape in specs.items()}
 
 
-def _decoder_layer(prefix: str, hidden: int, intermediate: int, heads: int, kv_heads: int,
-                   head_dim: int) -> dict[str, tuple[int, ...]]:
+def _decoder_layer(
+    prefix: str, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int
+) -> dict[str, tuple[int, ...]]:
     """One Qwen3 decoder block: q/k RMSNorm per head, SwiGLU MLP, no biases."""
     return {
         f"{prefix}input_layernorm.weight": (hidden,),
@@ -123,34 +144,38 @@ def expected_speech_decoder_tensors(config: VoiceDesignConfig | SpeechDecoderCon
     specs[f"{prefix}norm.weight"] = (hidden,)
     for index in range(decoder.num_hidden_layers):
         layer = f"{prefix}layers.{index}."
-        specs.update({
-            f"{layer}input_layernorm.weight": (hidden,),
-            f"{layer}post_attention_layernorm.weight": (hidden,),
-            f"{layer}self_attn.q_proj.weight": (attention, hidden),
-            f"{layer}self_attn.k_proj.weight": (kv, hidden),
-            f"{layer}self_attn.v_proj.weight": (kv, hidden),
-            f"{layer}self_attn.o_proj.weight": (hidden, attention),
-            f"{layer}mlp.gate_proj.weight": (decoder.intermediate_size, hidden),
-            f"{layer}mlp.up_proj.weight": (decoder.intermediate_size, hidden),
-            f"{layer}mlp.down_proj.weight": (hidden, decoder.intermediate_size),
-            f"{layer}self_attn_layer_scale.scale": (hidden,),
-            f"{layer}mlp_layer_scale.scale": (hidden,),
-        })
+        specs.update(
+            {
+                f"{layer}input_layernorm.weight": (hidden,),
+                f"{layer}post_attention_layernorm.weight": (hidden,),
+                f"{layer}self_attn.q_proj.weight": (attention, hidden),
+                f"{layer}self_attn.k_proj.weight": (kv, hidden),
+                f"{layer}self_attn.v_proj.weight": (kv, hidden),
+                f"{layer}self_attn.o_proj.weight": (hidden, attention),
+                f"{layer}mlp.gate_proj.weight": (decoder.intermediate_size, hidden),
+                f"{layer}mlp.up_proj.weight": (decoder.intermediate_size, hidden),
+                f"{layer}mlp.down_proj.weight": (hidden, decoder.intermediate_size),
+                f"{layer}self_attn_layer_scale.scale": (hidden,),
+                f"{layer}mlp_layer_scale.scale": (hidden,),
+            }
+        )
 
     latent = decoder.latent_dim
     for index, factor in enumerate(decoder.upsampling_ratios):
         stage = f"decoder.upsample.{index}."
         specs.update(_conv(f"{stage}0.conv.", latent, latent, factor, transposed=True))
         specs.update(_conv(f"{stage}1.dwconv.conv.", 1, latent, 7))  # depthwise: weight [C, 1, 7]
-        specs.update({
-            f"{stage}1.norm.weight": (latent,),
-            f"{stage}1.norm.bias": (latent,),
-            f"{stage}1.pwconv1.weight": (4 * latent, latent),
-            f"{stage}1.pwconv1.bias": (4 * latent,),
-            f"{stage}1.pwconv2.weight": (latent, 4 * latent),
-            f"{stage}1.pwconv2.bias": (latent,),
-            f"{stage}1.gamma": (latent,),
-        })
+        specs.update(
+            {
+                f"{stage}1.norm.weight": (latent,),
+                f"{stage}1.norm.bias": (latent,),
+                f"{stage}1.pwconv1.weight": (4 * latent, latent),
+                f"{stage}1.pwconv1.bias": (4 * latent,),
+                f"{stage}1.pwconv2.weight": (latent, 4 * latent),
+                f"{stage}1.pwconv2.bias": (latent,),
+                f"{stage}1.gamma": (latent,),
+            }
+        )
 
     specs.update(_conv("decoder.decoder.0.conv.", latent, decoder.decoder_dim, 7))
     for index, rate in enumerate(decoder.upsample_rates):
@@ -172,8 +197,9 @@ def expected_speech_decoder_tensors(config: VoiceDesignConfig | SpeechDecoderCon
     return {name: (shape, "F32") for name, shape in specs.items()}
 
 
-def _conv(prefix: str, in_channels: int, out_channels: int, kernel: int,
-          transposed: bool = False) -> dict[str, tuple[int, ...]]:
+def _conv(
+    prefix: str, in_channels: int, out_channels: int, kernel: int, transposed: bool = False
+) -> dict[str, tuple[int, ...]]:
     """Conv1d weight [out, in, k] (ConvTranspose1d: [in, out, k]) plus bias [out]."""
     weight = (in_channels, out_channels, kernel) if transposed else (out_channels, in_channels, kernel)
     return {f"{prefix}weight": weight, f"{prefix}bias": (out_channels,)}
@@ -252,8 +278,12 @@ def _listed(label: str, items: list[str]) -> str:
     return f"{len(items)} {label}:\n  {shown}{more}"
 
 
-def check_tensors(path: str | Path, header: dict[str, HeaderEntry], expected: dict[str, TensorSpec],
-                  ignored_prefixes: Iterable[str] = ()) -> None:
+def check_tensors(
+    path: str | Path,
+    header: dict[str, HeaderEntry],
+    expected: dict[str, TensorSpec],
+    ignored_prefixes: Iterable[str] = (),
+) -> None:
     """Raise one SnapshotError listing every missing, extra, mis-shaped or mis-typed tensor."""
     ignored = tuple(ignored_prefixes)
     missing = sorted(name for name in expected if name not in header)
@@ -266,16 +296,24 @@ def check_tensors(path: str | Path, header: dict[str, HeaderEntry], expected: di
             wrong.append(f"{name}: {entry.dtype} {list(entry.shape)}, expected {dtype} {list(shape)}")
     problems = [
         _listed(label, items)
-        for label, items in (("missing tensors", missing), ("unexpected tensors", extra),
-                             ("tensors with the wrong shape or dtype", wrong))
+        for label, items in (
+            ("missing tensors", missing),
+            ("unexpected tensors", extra),
+            ("tensors with the wrong shape or dtype", wrong),
+        )
         if items
     ]
     if problems:
         raise SnapshotError(f"{path} does not match the config:\n" + "\n".join(problems))
 
 
-def _load(path: Path, expected: dict[str, TensorSpec], ignored_prefixes: tuple[str, ...],
-          dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
+def _load(
+    path: Path,
+    expected: dict[str, TensorSpec],
+    ignored_prefixes: tuple[str, ...],
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> dict[str, torch.Tensor]:
     header = read_safetensors_header(path)
     check_tensors(path, header, expected, ignored_prefixes)
     tensors: dict[str, torch.Tensor] = {}
@@ -288,16 +326,27 @@ def _load(path: Path, expected: dict[str, TensorSpec], ignored_prefixes: tuple[s
     return tensors
 
 
-def load_voice_design_tensors(snapshot_dir: str | Path, config: VoiceDesignConfig,
-                              dtype: torch.dtype = torch.bfloat16,
-                              device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def load_voice_design_tensors(
+    snapshot_dir: str | Path,
+    config: VoiceDesignConfig,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
     """The checked tensors of ``model.safetensors``, cast to ``dtype`` on ``device``, keyed by real name."""
     return _load(Path(snapshot_dir) / MODEL_FILE, expected_voice_design_tensors(config), (), dtype, device)
 
 
-def load_speech_decoder_tensors(snapshot_dir: str | Path, config: VoiceDesignConfig | SpeechDecoderConfig,
-                                dtype: torch.dtype = torch.float32,
-                                device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def load_speech_decoder_tensors(
+    snapshot_dir: str | Path,
+    config: VoiceDesignConfig | SpeechDecoderConfig,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
     """The checked ``decoder.*`` tensors of ``speech_tokenizer/model.safetensors`` (``encoder.*`` ignored)."""
-    return _load(Path(snapshot_dir) / SPEECH_TOKENIZER_MODEL_FILE, expected_speech_decoder_tensors(config),
-                 (SPEECH_ENCODER_PREFIX,), dtype, device)
+    return _load(
+        Path(snapshot_dir) / SPEECH_TOKENIZER_MODEL_FILE,
+        expected_speech_decoder_tensors(config),
+        (SPEECH_ENCODER_PREFIX,),
+        dtype,
+        device,
+    )

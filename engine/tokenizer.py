@@ -118,8 +118,13 @@ class TextTokenizer:
     never inject a control token into the prompt.
     """
 
-    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]],
-                 added: list[tuple[int, AddedToken]], where: str = "tokenizer") -> None:
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: list[tuple[str, str]],
+        added: list[tuple[int, AddedToken]],
+        where: str = "tokenizer",
+    ) -> None:
         self._plain = _base_tokenizer(vocab, merges)
         self._full = Tokenizer.from_str(self._plain.to_str())
         self._added_ids: dict[str, int] = {}
@@ -137,8 +142,9 @@ class TextTokenizer:
             self._added_ids[token.content] = token_id
 
     @classmethod
-    def from_files(cls, vocab_path: str | Path, merges_path: str | Path,
-                   tokenizer_config_path: str | Path) -> TextTokenizer:
+    def from_files(
+        cls, vocab_path: str | Path, merges_path: str | Path, tokenizer_config_path: str | Path
+    ) -> TextTokenizer:
         return cls(
             _read_vocab(Path(vocab_path)),
             _read_merges(Path(merges_path)),

@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     synthesize.register(groups)
     serve.register(groups)
     model_parser = groups.add_parser(
-        "model", help="make, pin, fetch and verify model snapshots",
+        "model",
+        help="make, pin, fetch and verify model snapshots",
         description="Model snapshots: make random ones of the real layout, pin, fetch and verify real ones.",
     )
     model_commands = model_parser.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)

@@ -36,8 +36,11 @@ def first_packet_parts(engine: VoiceDesignEngine, seed: int) -> dict[str, float]
         done = time.perf_counter()
     finally:
         engine.release(session)
-    return {"prefill_ms": (prefilled - start) * 1000, "decode_ms": (done - prefilled) * 1000,
-            "first_audio_ms": (done - start) * 1000}
+    return {
+        "prefill_ms": (prefilled - start) * 1000,
+        "decode_ms": (done - prefilled) * 1000,
+        "first_audio_ms": (done - start) * 1000,
+    }
 
 
 def synthesize_ms(engine: VoiceDesignEngine, frames: int, seed: int) -> tuple[float, float]:
@@ -61,8 +64,9 @@ def main() -> int:
     timing_model = zero_eos_copy(args.model, args.model.with_name(args.model.name + "-noeos"), eos)
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
     for mode in [m for m in args.modes.split(",") if m]:
-        engine = VoiceDesignEngine.load(timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1,
-                                        max_context=512, mode=mode)
+        engine = VoiceDesignEngine.load(
+            timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1, max_context=512, mode=mode
+        )
         backend = engine.codec_backend
         assert backend is not None
         own_stream = backend.stream

@@ -184,8 +184,20 @@ def _run_blocks(
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         k_cache, v_cache = cache_k[index], cache_v[index]
         attended = ops.rope_attention(
-            q, k, v, blk.q_norm, blk.k_norm, cos, sin,
-            positions, lengths, slots, k_cache, v_cache, eps, scale,
+            q,
+            k,
+            v,
+            blk.q_norm,
+            blk.k_norm,
+            cos,
+            sin,
+            positions,
+            lengths,
+            slots,
+            k_cache,
+            v_cache,
+            eps,
+            scale,
             distinct_slots=distinct_slots,
         )
         h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
@@ -289,8 +301,19 @@ class KernelFrame:
         step_lengths = step_positions + 1
         x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
         h = _run_blocks(
-            blocks, final, x, eps, p.rope_cos, p.rope_sin, pair_positions, pair_positions + 1, pair_slots,
-            cache_k, cache_v, scale, distinct_slots=False,  # each session's two prefix tokens share its slot
+            blocks,
+            final,
+            x,
+            eps,
+            p.rope_cos,
+            p.rope_sin,
+            pair_positions,
+            pair_positions + 1,
+            pair_slots,
+            cache_k,
+            cache_v,
+            scale,
+            distinct_slots=False,  # each session's two prefix tokens share its slot
         )[1::2]
         codes = []
         for group in range(self.groups):

@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``pin``, ``fetch`` and ``verify`` to the ``model`` group."""
     formatter = argparse.RawDescriptionHelpFormatter
     pin = subparsers.add_parser(
-        "pin", help="write the identity manifest of a snapshot directory", epilog=EXIT_CODES,
+        "pin",
+        help="write the identity manifest of a snapshot directory",
+        epilog=EXIT_CODES,
         formatter_class=formatter,
         description="Hash every file of DIR (SHA-256 and git blob id), count tensors and parameters per "
         "component, and write the manifest. For a snapshot you made, write it to DIR/qwen3-tts-manifest.json "
@@ -38,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     pin.set_defaults(handler=_pin)
 
     fetch = subparsers.add_parser(
-        "fetch", help="download the pinned model from the Hub and verify it", epilog=EXIT_CODES,
+        "fetch",
+        help="download the pinned model from the Hub and verify it",
+        epilog=EXIT_CODES,
         formatter_class=formatter,
         description="Download the pinned files at the pinned revision (Hugging Face cache, progress bars; "
         "HF_HUB_OFFLINE=1 uses the cache only), place them as regular files in a staging folder, verify, "
@@ -52,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     fetch.set_defaults(handler=_fetch)
 
     verify = subparsers.add_parser(
-        "verify", help="check a snapshot directory against its manifest", epilog=EXIT_CODES,
+        "verify",
+        help="check a snapshot directory against its manifest",
+        epilog=EXIT_CODES,
         formatter_class=formatter,
         description="Fail-closed check of DIR: every file listed, nothing else, sizes and digests equal. "
         "Without --manifest the manifest is the one `serve` uses: DIR/qwen3-tts-manifest.json, or the "

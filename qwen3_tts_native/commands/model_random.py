@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     parser.add_argument(
-        "--out", type=Path, required=True, metavar="DIR",
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
         help="directory to create; it must not exist yet or be empty",
     )
     parser.set_defaults(handler=run)

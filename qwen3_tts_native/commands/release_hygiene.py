@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``sbom``, ``licenses`` and ``secrets`` to the ``release`` group."""
     formatter = argparse.RawDescriptionHelpFormatter
     sbom = subparsers.add_parser(
-        "sbom", help="write the CycloneDX 1.6 SBOM of the Python environment and the model",
+        "sbom",
+        help="write the CycloneDX 1.6 SBOM of the Python environment and the model",
         formatter_class=formatter,
         description="Every installed Python distribution (name, version, purl, declared licence) and the "
         "model as a machine-learning-model component with its files' SHA-256 and a model card; validated "
@@ -25,14 +26,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     sbom.add_argument("--model-manifest", type=Path, required=True, metavar="FILE", help="model manifest")
     sbom.add_argument(
-        "--path", action="append", metavar="DIR",
+        "--path",
+        action="append",
+        metavar="DIR",
         help="site-packages folder of the environment to describe (repeatable; default: this one)",
     )
     sbom.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="SBOM to write")
     sbom.set_defaults(handler=_sbom)
 
     licenses = subparsers.add_parser(
-        "licenses", help="check declared licences against the allowlist",
+        "licenses",
+        help="check declared licences against the allowlist",
         formatter_class=formatter,
         description="Evaluate each declared licence as an SPDX expression against "
         "release/license-policy.json (allowlist, accepted names, dated waivers). Default: qwen3-tts-native "
@@ -43,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     licenses.set_defaults(handler=_licenses)
 
     secrets = subparsers.add_parser(
-        "secrets", help="scan every blob of the whole git history for credentials",
+        "secrets",
+        help="scan every blob of the whole git history for credentials",
         formatter_class=formatter,
         description="detect-secrets over every distinct blob of every commit reachable from any ref. "
         "Findings name commit, file, line and kind, never the secret. A secret that was committed once "

@@ -37,51 +37,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--text", required=True, help="the text to speak")
     parser.add_argument(
-        "--voice", default="", metavar="DESCRIPTION",
+        "--voice",
+        default="",
+        metavar="DESCRIPTION",
         help='the voice, described in words, e.g. "a calm low female voice"; empty = no description',
     )
     parser.add_argument(
-        "--language", default="auto",
+        "--language",
+        default="auto",
         help="auto, or one of chinese, english, japanese, korean, german, french, russian, portuguese, "
-             "spanish, italian (case-insensitive; default: auto)",
+        "spanish, italian (case-insensitive; default: auto)",
     )
     parser.add_argument(
-        "--max-frames", type=int, default=None, metavar="N",
+        "--max-frames",
+        type=int,
+        default=None,
+        metavar="N",
         help="stop after N frames of 80 ms (default: 1500 = 120 s; 40 with the demo checkpoint)",
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed; same seed, same audio")
     parser.add_argument(
-        "--greedy", action="store_true",
+        "--greedy",
+        action="store_true",
         help="pick the most likely code at every step instead of sampling (talker and code predictor)",
     )
     parser.add_argument(
-        "--text-mode", choices=("non_streaming", "streaming"), default="non_streaming",
+        "--text-mode",
+        choices=("non_streaming", "streaming"),
+        default="non_streaming",
         help="non_streaming: the whole text in the prompt (the official default); streaming: one text token "
-             "per frame (default: non_streaming)",
+        "per frame (default: non_streaming)",
     )
     parser.add_argument(
-        "--stream", action="store_true",
+        "--stream",
+        action="store_true",
         help="write audio packets to the WAV file as they are produced (the header is fixed up at the end)",
     )
     parser.add_argument(
-        "--codes-out", type=Path, metavar="FILE",
+        "--codes-out",
+        type=Path,
+        metavar="FILE",
         help="also write the generated codec codes (frames x 16) as JSON; runs the frame loop a second "
-             "time with the same seed, which yields the same codes",
+        "time with the same seed, which yields the same codes",
     )
     parser.add_argument(
-        "--model", type=Path, metavar="DIR",
+        "--model",
+        type=Path,
+        metavar="DIR",
         help="snapshot directory of Qwen3-TTS-12Hz-1.7B-VoiceDesign (default: the random demo checkpoint)",
     )
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N")
     parser.add_argument(
-        "--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+        "--dtype",
+        choices=("auto", "bfloat16", "float16", "float32"),
+        default="auto",
         help="talker and code predictor precision (auto: bfloat16 on cuda, float32 on cpu); "
-             "the speech decoder always runs in float32",
+        "the speech decoder always runs in float32",
     )
     parser.add_argument(
-        "--threads", type=int, default=None, metavar="N",
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
         help="torch CPU threads (default: QWEN3_TTS_THREADS, else OMP_NUM_THREADS if set, else 1 with the "
-             "demo checkpoint and min(4, cores) with --model)",
+        "demo checkpoint and min(4, cores) with --model)",
     )
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="WAV", help="WAV file to write")
     parser.set_defaults(handler=run)
@@ -105,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _error(error: Exception) -> None:
     """One unwrapped line on stderr: a multi-line message (a SnapshotError's list) is folded with ' | '."""
-    print("error: " + " | ".join(line.strip() for line in str(error).splitlines() if line.strip()),
-          file=sys.stderr)
+    print(
+        "error: " + " | ".join(line.strip() for line in str(error).splitlines() if line.strip()),
+        file=sys.stderr,
+    )
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -200,8 +221,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _synthesize(engine: VoiceDesignEngine, request: SynthesisRequest, output: Path, stream: bool,
-                console: Console) -> tuple[int, str | None]:
+def _synthesize(
+    engine: VoiceDesignEngine, request: SynthesisRequest, output: Path, stream: bool, console: Console
+) -> tuple[int, str | None]:
     """Run the solo frame loop with a progress bar; returns (frames written, finish reason)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

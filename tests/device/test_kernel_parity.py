@@ -53,9 +53,7 @@ def test_rms_norm(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyp
     ulp_close(out, expected)
 
 
-def rope_inputs(
-    batch: int, heads: int, kv_heads: int, dim: int, max_len: int
-) -> tuple[torch.Tensor, ...]:
+def rope_inputs(batch: int, heads: int, kv_heads: int, dim: int, max_len: int) -> tuple[torch.Tensor, ...]:
     """One new token per row for the rope ops: q, k, v (views of one fused qkv row), the q/k norm weights and
     the cos/sin tables of `max_len` positions."""
     qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)

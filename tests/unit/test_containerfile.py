@@ -60,8 +60,9 @@ def test_final_stage_runs_non_root_with_healthcheck_labels_and_signal() -> None:
     assert final["STOPSIGNAL"] == "SIGTERM"
     assert final["EXPOSE"] == "8080"
     assert json.loads(final["ENTRYPOINT"]) == ["/opt/venv/bin/qwen3-tts", "serve"]
-    assert re.search(r'CMD \["/opt/venv/bin/python", "-m", "qwen3_tts_native.release.healthcheck"\]$',
-                     final["HEALTHCHECK"])
+    assert re.search(
+        r'CMD \["/opt/venv/bin/python", "-m", "qwen3_tts_native.release.healthcheck"\]$', final["HEALTHCHECK"]
+    )
     labels = dict(re.findall(r'([\w.-]+)="([^"]*)"', final["LABEL"]))
     assert labels["org.opencontainers.image.source"] == "${SOURCE_URL}"
     assert labels["org.opencontainers.image.revision"] == "${VCS_REF}"
@@ -134,8 +135,12 @@ def test_healthcheck_ready_not_ready_and_refused(server: http.server.HTTPServer)
     assert healthcheck.main(["--url", url]) == 1
     _Handler.answer = (200, {"status": "ready", "engine_loaded": False})
     assert healthcheck.main(["--url", url]) == 1
-    for unsafe in ("https://127.0.0.1/health/ready", "http://user@127.0.0.1/", "http://127.0.0.1/#x",
-                   "http://192.0.2.1/health/ready"):
+    for unsafe in (
+        "https://127.0.0.1/health/ready",
+        "http://user@127.0.0.1/",
+        "http://127.0.0.1/#x",
+        "http://192.0.2.1/health/ready",
+    ):
         assert healthcheck.main(["--url", unsafe]) == 2, unsafe
 
 

@@ -63,7 +63,12 @@ def test_allowlist_fails_on_a_disallowed_licence() -> None:
         POLICY,
     )
     assert [p.split(":")[0] for p in problems] == [
-        "soxr 1.0", "mixed 1.0", "exception 1.0", "bare 1.0", "named 1.0", "old-lib 1.0"
+        "soxr 1.0",
+        "mixed 1.0",
+        "exception 1.0",
+        "bare 1.0",
+        "named 1.0",
+        "old-lib 1.0",
     ]
     assert "LGPL-2.1-or-later is not allowed" in problems[0]
     assert "declares no licence" in problems[3]
@@ -81,13 +86,27 @@ def test_licence_gate_on_an_sbom(tmp_path: Path, capsys: pytest.CaptureFixture[s
     sbom = {
         "bomFormat": "CycloneDX",
         "specVersion": "1.6",
-        "metadata": {"component": {"type": "application", "name": "app", "version": "1",
-                                   "licenses": [{"license": {"id": "Apache-2.0"}}]}},
+        "metadata": {
+            "component": {
+                "type": "application",
+                "name": "app",
+                "version": "1",
+                "licenses": [{"license": {"id": "Apache-2.0"}}],
+            }
+        },
         "components": [
-            {"type": "library", "name": "ok", "version": "1",
-             "licenses": [{"expression": "MIT OR GPL-2.0-only"}]},
-            {"type": "library", "name": "copyleft", "version": "2",
-             "licenses": [{"license": {"id": "AGPL-3.0-only"}}]},
+            {
+                "type": "library",
+                "name": "ok",
+                "version": "1",
+                "licenses": [{"expression": "MIT OR GPL-2.0-only"}],
+            },
+            {
+                "type": "library",
+                "name": "copyleft",
+                "version": "2",
+                "licenses": [{"license": {"id": "AGPL-3.0-only"}}],
+            },
             {"type": "file", "name": "weights.bin"},
         ],
     }

@@ -211,20 +211,27 @@ def test_shipped_pin_equals_pins_json() -> None:
     manifest = load_manifest(PIN_FILE)
     assert manifest == shipped_pin() == shipped_manifests()[0]
     assert (manifest.repository, manifest.revision, manifest.license) == (
-        pins["repository"], pins["revision"], pins["license"],
+        pins["repository"],
+        pins["revision"],
+        pins["license"],
     )
     assert len(manifest.files) == len(pins["files"])
     for pinned in pins["files"]:
         entry = manifest.file(pinned["path"])
         assert entry is not None
         assert (entry.bytes, entry.sha256, entry.git_blob_sha1) == (
-            pinned["bytes"], pinned.get("sha256"), pinned.get("git_blob_sha1"),
+            pinned["bytes"],
+            pinned.get("sha256"),
+            pinned.get("git_blob_sha1"),
         )
         if "tensors" in pinned:
             summary = entry.safetensors
             assert summary is not None
             assert (summary.tensors, summary.parameters, summary.header_bytes, summary.dtypes) == (
-                pinned["tensors"], pinned["parameter_count"], pinned["header_bytes"], (pinned["dtype"],),
+                pinned["tensors"],
+                pinned["parameter_count"],
+                pinned["header_bytes"],
+                (pinned["dtype"],),
             )
     components = pins["components"]
     assert {name: count.parameters for name, count in manifest.components.items()} == {
@@ -242,9 +249,12 @@ def test_shipped_pin_tensor_counts_equal_the_inventories() -> None:
         for tensor in json.loads((DATA / inventory).read_text())["tensors"]:
             name = tensor["name"]
             component = (
-                "code_predictor" if name.startswith("talker.code_predictor.")
-                else "talker" if name.startswith("talker.")
-                else "speech_decoder" if name.startswith("decoder.")
+                "code_predictor"
+                if name.startswith("talker.code_predictor.")
+                else "talker"
+                if name.startswith("talker.")
+                else "speech_decoder"
+                if name.startswith("decoder.")
                 else "speech_encoder_unused"
             )
             counted[component] += 1

@@ -141,8 +141,12 @@ SPDX = {
 
 
 def test_spdx_validation_of_buildkit_statements_and_documents(tmp_path: Path) -> None:
-    statement = {"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://spdx.dev/Document",
-                 "subject": [], "predicate": SPDX}
+    statement = {
+        "_type": "https://in-toto.io/Statement/v0.1",
+        "predicateType": "https://spdx.dev/Document",
+        "subject": [],
+        "predicate": SPDX,
+    }
     assert validate_spdx(SPDX) == []
     assert validate_spdx(statement) == []
     dangling = copy.deepcopy(SPDX)

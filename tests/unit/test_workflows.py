@@ -80,13 +80,16 @@ def test_actions_are_pinned_by_commit_and_permissions_are_minimal(path: Path) ->
 
 def test_ci_runs_the_entry_point_and_strict_pip_audit_and_secret_scan() -> None:
     document = load(ROOT / ".github/workflows/ci.yml")
-    runs = {job: " ".join(step.get("run", "") for _, step in steps({"jobs": {job: spec}}))
-            for job, spec in document["jobs"].items()}
+    runs = {
+        job: " ".join(step.get("run", "") for _, step in steps({"jobs": {job: spec}}))
+        for job, spec in document["jobs"].items()
+    }
     assert "bash .ci/run" in runs["test"]
     assert re.search(r"pip-audit --strict\b", runs["pip-audit"])
     assert "qwen3-tts release secrets" in runs["hygiene"]
     checkout = next(
-        step for job, step in steps(document)
+        step
+        for job, step in steps(document)
         if job == "hygiene" and step.get("uses", "").startswith("actions/checkout@")
     )
     assert checkout["with"]["fetch-depth"] == 0  # the whole history is scanned
@@ -99,12 +102,23 @@ def test_release_runs_in_order_with_the_release_commands() -> None:
     assert jobs["build"]["needs"] == "base-images"
     assert set(jobs["promote"]["needs"]) >= {"acceptance"} and "gate" in jobs["acceptance"]["needs"]
     text = (ROOT / ".github/workflows/release.yml").read_text()
-    for command in ("qwen3-tts release build", "qwen3-tts release sign", "qwen3-tts release verify",
-                    "qwen3-tts release promote", "qwen3-tts release sbom"):
+    for command in (
+        "qwen3-tts release build",
+        "qwen3-tts release sign",
+        "qwen3-tts release verify",
+        "qwen3-tts release promote",
+        "qwen3-tts release sbom",
+    ):
         assert command in text
     acceptance = " ".join(step.get("run", "") for _, step in steps({"jobs": {"a": jobs["acceptance"]}}))
-    for flag in ("--read-only", "--cap-drop ALL", "--security-opt no-new-privileges", "--pids-limit",
-                 "--tmpfs /tmp", "docker stop"):
+    for flag in (
+        "--read-only",
+        "--cap-drop ALL",
+        "--security-opt no-new-privileges",
+        "--pids-limit",
+        "--tmpfs /tmp",
+        "docker stop",
+    ):
         assert flag in acceptance
 
 
@@ -168,14 +182,36 @@ def test_release_build_step_runs_exactly_buildx_command(monkeypatch: pytest.Monk
 
 def test_buildx_command_shape_and_refusals() -> None:
     command = buildx_command(
-        image="r/x:1", context=".", containerfile="Containerfile", platforms=["linux/arm64"],
-        build_args={"B": "2", "A": "1"}, metadata_file="m.json", build_contexts={"model": "/models/x"},
+        image="r/x:1",
+        context=".",
+        containerfile="Containerfile",
+        platforms=["linux/arm64"],
+        build_args={"B": "2", "A": "1"},
+        metadata_file="m.json",
+        build_contexts={"model": "/models/x"},
         push=False,
     )
     assert command == [
-        "docker", "buildx", "build", "--file", "Containerfile", "--platform", "linux/arm64", "--tag", "r/x:1",
-        "--metadata-file", "m.json", "--sbom=true", "--provenance=mode=max,version=v1",
-        "--build-arg", "A=1", "--build-arg", "B=2", "--build-context", "model=/models/x", ".",
+        "docker",
+        "buildx",
+        "build",
+        "--file",
+        "Containerfile",
+        "--platform",
+        "linux/arm64",
+        "--tag",
+        "r/x:1",
+        "--metadata-file",
+        "m.json",
+        "--sbom=true",
+        "--provenance=mode=max,version=v1",
+        "--build-arg",
+        "A=1",
+        "--build-arg",
+        "B=2",
+        "--build-context",
+        "model=/models/x",
+        ".",
     ]
     common: dict[str, Any] = {"image": "r/x:1", "context": ".", "containerfile": "C", "metadata_file": "m"}
     with pytest.raises(ValueError, match="credential"):
