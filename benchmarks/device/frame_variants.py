@@ -1,17 +1,19 @@
-"""A/B of the one-stream CUDA frame with and without programmatic dependent launch (kernels/csrc/launch.cuh),
-on a full random snapshot.
+"""A/B of the one-stream CUDA frame on a full random snapshot: with and without programmatic dependent launch
+(kernels/csrc/launch.cuh), with the RMSNorms as kernels of their own instead of inside the GEMVs
+(`Mode.norm_in_gemv`), and with another GEMV/cuBLAS crossover (`Mode.gemm_min_rows`) where asked.
 
 For each mode, the frame graph of bucket 1 is captured once per variant and replayed back to back (no host
 work), so the differences are the GPU's alone. A torch-profiler kernel table of the frame (plain launches)
 goes to --out too.
 
-Usage: python benchmarks/device/frame_variants.py --model SNAPSHOT --out DIR
+Usage: python benchmarks/device/frame_variants.py --model SNAPSHOT --out DIR [--gemm-min-rows exact=3,fast=2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,14 @@ def main() -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--modes", default="exact,fast")
+    parser.add_argument(
+        "--gemm-min-rows",
+        default="",
+        help="an extra variant per mode with this crossover, e.g. exact=3,fast=2 (dependent launch on)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    crossovers = dict(item.split("=") for item in args.gemm_min_rows.split(",") if item)
     eos = load_config(args.model).talker.codec_eos_token_id
     timing_model = zero_eos_copy(args.model, args.model.with_name(args.model.name + "-noeos"), eos)
     base = VoiceDesignEngine.load(
@@ -56,25 +64,32 @@ def main() -> int:
     tables = []
     for mode_name in [m for m in args.modes.split(",") if m]:
         mode = resolve_mode(mode_name)
-        backend = graphs.GraphFrameBackend(base.talker, base.predictor, mode, buckets=(1,))
-        undo = graphs.install(base, backend)
-        session = base.start_session(make_request(300, seed=7))
-        figures: dict[str, float] = {}
-        try:
-            base.prefill(session)
-            for dependent in (False, True):
+        variants = [
+            ("plain_launch", False, mode),
+            ("dependent_launch", True, mode),
+            ("norm_kernels", True, replace(mode, norm_in_gemv=False)),
+        ]
+        if mode_name in crossovers:
+            rows = int(crossovers[mode_name])
+            variants.append((f"gemm_min_rows_{rows}", True, replace(mode, gemm_min_rows=rows)))
+        figures: dict[str, float] = {"gemm_min_rows": mode.gemm_min_rows}
+        for label, dependent, variant_mode in variants:
+            backend = graphs.GraphFrameBackend(base.talker, base.predictor, variant_mode, buckets=(1,))
+            undo = graphs.install(base, backend)
+            session = base.start_session(make_request(300, seed=7))
+            try:
+                base.prefill(session)
                 ops.set_dependent_launch(dependent)
                 backend.release_graphs()
-                base.step([session])  # captures bucket 1 with this launch kind
-                label = "dependent_launch" if dependent else "plain_launch"
+                base.step([session])  # captures bucket 1 with this variant
                 figures[label] = replay_ms(backend.decode_graph(1), REPLAYS)
                 if not dependent:
                     tables.append(f"# {mode_name}, plain launches\n{kernel_table(base, session)}\n")
-        finally:
-            ops.set_dependent_launch(True)
-            base.release(session)
-            undo()
-            backend.release_graphs()
+            finally:
+                ops.set_dependent_launch(True)
+                base.release(session)
+                undo()
+                backend.release_graphs()
         result["modes"][mode_name] = figures
         print(mode_name, json.dumps(figures, indent=1), flush=True)
     (args.out / "frame-variants.json").write_text(json.dumps(result, indent=2))

@@ -24,6 +24,7 @@ __all__ = [
     "linear_swiglu",
     "qk_norm_rope_cache",
     "rms_norm",
+    "rms_norm_linear",
     "rope_attention",
     "sample_predictor",
     "sample_talker",
@@ -225,6 +226,45 @@ def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor 
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ext.snake_beta(out, x, frequency, inverse_beta, bias)
     return out
+
+
+def rms_norm_linear(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor | QuantizedWeight,
+    delta: Tensor | None = None,
+    swiglu: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """(product, s): s = x + delta (x itself when delta is None), the product `linear` (or `linear_swiglu`)
+    of rms_norm(s) * norm_weight. x and delta are left as they are; s is a new tensor when delta is given.
+
+    For 1 to 4 rows one kernel: every GEMV block norms the rows into shared memory before it streams its
+    weights, so the norm costs no kernel and no dependency of its own. The norm rounds as `add_rms_norm_`
+    does except for the order of the fp32 sum of squares (at most 1 bf16 ulp in the normed input).
+    """
+    operands = _gemv_operands(x, weight, None)
+    rows = x.reshape(-1, x.shape[-1])
+    fits = (
+        rows.shape[0] <= 4
+        and x.is_contiguous()
+        and norm_weight.is_cuda
+        and norm_weight.dtype == torch.bfloat16
+        and (delta is None or (delta.is_cuda and delta.is_contiguous() and delta.shape == x.shape))
+        and (delta is None or delta.dtype == torch.bfloat16)
+    )
+    if operands is None or not fits or rows.shape[0] == 0:
+        s = x if delta is None else x.clone()
+        h = rms_norm(x, norm_weight, eps) if delta is None else add_rms_norm_(delta, s, norm_weight, eps)
+        return (linear_swiglu(h, weight) if swiglu else linear(h, weight)), s
+    ext, x_rows, data, scale = operands
+    width = data.shape[0] // 2 if swiglu else data.shape[0]
+    y = torch.empty(x_rows.shape[0], width, dtype=x.dtype, device=x.device)
+    s = x if delta is None else torch.empty_like(x)
+    delta_rows = None if delta is None else delta.view(x_rows.shape)
+    sum_rows = None if delta is None else s.view(x_rows.shape)
+    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu)
+    return y.view(*x.shape[:-1], width), s
 
 
 def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None):  # type: ignore[no-untyped-def]

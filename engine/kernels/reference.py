@@ -131,6 +131,21 @@ def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
     return silu_mul(product[..., :width], product[..., width:])
 
 
+def rms_norm_linear(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor | QuantizedWeight,
+    delta: Tensor | None = None,
+    swiglu: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """(linear or linear_swiglu of rms_norm(s) * norm_weight, s) with s = x + delta (x when delta is None):
+    a decoder block's residual add, the RMSNorm after it and the projection that reads it."""
+    s = x if delta is None else (x + delta).to(x.dtype)
+    h = layers.rms_norm(s, norm_weight, eps)
+    return (linear_swiglu(h, weight) if swiglu else linear(h, weight)), s
+
+
 def sample(
     logits: Tensor,
     uniforms: Tensor,

@@ -71,6 +71,7 @@ class Weight:
     dense: Tensor
     small: Tensor | QuantizedWeight
     gemm_min_rows: int
+    norm_in_gemv: bool = True
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         if self._dense_rows(x):
@@ -86,6 +87,23 @@ class Weight:
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
 
+    def after_rms_norm(
+        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, swiglu: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """(this weight's product with rms_norm(s) * norm_weight, s), s = x + delta (x when delta is None): a
+        block's residual add, its RMSNorm and the projection after it (the SwiGLU for a gate/up weight).
+
+        On the GEMV path one kernel whose blocks norm their input (ops.rms_norm_linear; s is a new tensor).
+        On cuBLAS the add-RMSNorm kernel updates x in place (s is x), then the product."""
+        if self.norm_in_gemv and not self._dense_rows(x):
+            return ops.rms_norm_linear(x, norm_weight, eps, self.small, delta=delta, swiglu=swiglu)
+        h = (
+            ops.rms_norm(x, norm_weight, eps)
+            if delta is None
+            else ops.add_rms_norm_(delta, x, norm_weight, eps)
+        )
+        return (self.swiglu(h) if swiglu else self(h)), x
+
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
 
@@ -93,7 +111,7 @@ class Weight:
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
-    return Weight(dense, small, mode.gemm_min_rows)
+    return Weight(dense, small, mode.gemm_min_rows, mode.norm_in_gemv)
 
 
 def _fuse(*params: Tensor) -> Tensor:
@@ -172,15 +190,17 @@ def _run_blocks(
     scale: float,
     distinct_slots: bool,
 ) -> Tensor:
-    """One token per row through every block (residual stream `x` [N, H] is updated in place); row i is at
-    positions[i] and attends to lengths[i] = positions[i] + 1 keys.
+    """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
+    is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
 
-    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm. `distinct_slots`:
-    no two rows write the same cache slot (see `ops.rope_attention`).
+    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm, and on the GEMV
+    path that into the qkv or gate/up projection after it (`Weight.after_rms_norm`; the residual stream then
+    moves to new tensors instead). `distinct_slots`: no two rows write the same cache slot (see
+    `ops.rope_attention`).
     """
-    h = ops.rms_norm(x, blocks[0].input_norm, eps)
+    residual, delta = x, None
     for index, blk in enumerate(blocks):
-        qkv = blk.qkv(h)
+        qkv, residual = blk.qkv.after_rms_norm(residual, delta, blk.input_norm, eps)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         k_cache, v_cache = cache_k[index], cache_v[index]
         attended = ops.rope_attention(
@@ -200,11 +220,10 @@ def _run_blocks(
             scale,
             distinct_slots=distinct_slots,
         )
-        h = ops.add_rms_norm_(blk.o(attended), x, blk.post_norm, eps)
-        mlp = blk.gate_up.swiglu(h)
-        following = blocks[index + 1].input_norm if index + 1 < len(blocks) else final_norm
-        h = ops.add_rms_norm_(blk.down(mlp), x, following, eps)
-    return h
+        mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
+        delta = blk.down(mlp)
+    assert delta is not None
+    return ops.add_rms_norm_(delta, residual, final_norm, eps)
 
 
 class KernelFrame:

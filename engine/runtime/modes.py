@@ -30,16 +30,24 @@ class Mode:
 
     gemm_min_rows: the GEMV/cuBLAS crossover, from kernel-bench.json (benchmarks/results/2026-11-30-run3,
     H200): the int8 GEMV beats cuBLAS at 1 and 2 rows and loses from 4 on; the bf16 GEMV only ties with
-    cuBLAS at 1 row (ahead on the predictor's matrices, behind on the talker's) and loses from 2 on.
+    cuBLAS at 1 row (ahead on the predictor's matrices, behind on the talker's) and loses from 2 on. Those
+    are single products; inside the frame graph a GEMV also keeps the dependent-launch chain that a cuBLAS
+    kernel breaks, so exact takes the GEMV for the predictor's 2-row step 0 too (3; A/B in
+    benchmarks/results/2026-11-30-run11).
+
+    norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
+    the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
+    (benchmarks/device/frame_variants.py).
     """
 
     name: ModeName
     weights: WeightFormat
     codec_dtype: torch.dtype
     gemm_min_rows: int = 4
+    norm_in_gemv: bool = True
 
 
-EXACT = Mode("exact", "bf16", torch.float32, gemm_min_rows=2)
+EXACT = Mode("exact", "bf16", torch.float32, gemm_min_rows=3)
 FAST = Mode("fast", "int8", torch.bfloat16)
 MODES: dict[str, Mode] = {"exact": EXACT, "fast": FAST}
 

@@ -11,6 +11,8 @@ Tolerances, per op:
   per element; fp32 accumulation adds ~1e-6), and no farther from float64 than the reference is.
 - linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
   against the fp32 product of the stored codes (reference.linear).
+- rms_norm_linear: the residual sum exact; the product equal to the norm kernel then the GEMV in >= 95% of
+  elements and within 2e-3 relative L2 of it (only the norm's fp32 sum order differs), 1e-2 of the reference.
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
   CUDA's own sinf, no FMA contraction).
 """
@@ -170,6 +172,40 @@ def test_linear_swiglu_is_linear_then_silu_mul(ext, n: int, k: int, intermediate
     assert torch.equal(out, ops.silu_mul(gate_up[:, :intermediate], gate_up[:, intermediate:]))
     assert rel(out, reference.linear_swiglu(x, weight)) <= 1e-2
     assert torch.equal(ops.linear_swiglu(x[-1:], weight)[0], out[-1])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "k,m,swiglu", [(1024, 4096, False), (2048, 4096, False), (1024, 6144, True), (2048, 12288, True)]
+)
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_rms_norm_linear_is_the_norm_then_the_gemv(  # type: ignore[no-untyped-def]
+    ext, n: int, k: int, m: int, swiglu: bool, kind: str, with_delta: bool
+) -> None:
+    """The GEMV whose blocks norm their input rows (shapes of the predictor's and the talker's qkv and gate/up
+    projections) against the add-RMSNorm kernel followed by the GEMV. The new residual is exactly x + delta
+    and x is untouched. The normed input differs from the norm kernel's only where the other fp32 order of
+    the sum of squares flips a bf16 rounding (rarely, by 1 ulp), and the GEMV code is the same, so the
+    products are identical almost everywhere; and within the GEMV's tolerance of the torch reference."""
+    x = torch.randn(n, k, device="cuda", dtype=BF16) * 2
+    delta = torch.randn(n, k, device="cuda", dtype=BF16) if with_delta else None
+    w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    norm = (1 + 0.1 * torch.randn(k, device="cuda")).to(BF16)
+    before = x.clone()
+    out, s = ops.rms_norm_linear(x, norm, 1e-6, weight, delta=delta, swiglu=swiglu)
+    assert torch.equal(x, before)
+    expected_sum = x.clone()
+    h = ops.rms_norm(x, norm, 1e-6) if delta is None else ops.add_rms_norm_(delta, expected_sum, norm, 1e-6)
+    assert torch.equal(s, expected_sum)
+    expected = ops.linear_swiglu(h, weight) if swiglu else ops.linear(h, weight)
+    assert out.shape == expected.shape == (n, m // 2 if swiglu else m)
+    assert float((out == expected).float().mean()) >= 0.95
+    assert rel(out, expected) <= 2e-3
+    reference_out, reference_sum = reference.rms_norm_linear(x, norm, 1e-6, weight, delta, swiglu)
+    assert torch.equal(s, reference_sum)
+    assert rel(out, reference_out) <= 1e-2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])

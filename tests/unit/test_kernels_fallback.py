@@ -86,6 +86,27 @@ def test_linear_swiglu_falls_back_to_linear_then_swiglu() -> None:
     assert torch.equal(ops.linear_swiglu(x, quantized), layers.swiglu(product[:, :48], product[:, 48:]))
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_rms_norm_linear_falls_back_to_add_norm_then_linear(swiglu: bool, with_delta: bool) -> None:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 64, generator=g)
+    delta = torch.randn(3, 64, generator=g) if with_delta else None
+    norm = torch.randn(64, generator=g)
+    w = torch.randn(96, 64, generator=g)
+    before = x.clone()
+    out, s = ops.rms_norm_linear(x, norm, 1e-6, w, delta=delta, swiglu=swiglu)
+    expected_sum = x if delta is None else x + delta
+    h = layers.rms_norm(expected_sum, norm, 1e-6)
+    product = layers.linear(h, w)
+    expected = layers.swiglu(product[:, :48], product[:, 48:]) if swiglu else product
+    assert torch.equal(s, expected_sum)
+    assert torch.equal(out, expected)
+    assert torch.equal(x, before)
+    reference_out, reference_sum = reference.rms_norm_linear(x, norm, 1e-6, w, delta=delta, swiglu=swiglu)
+    assert torch.equal(out, reference_out) and torch.equal(s, reference_sum)
+
+
 def test_attention_and_cache_write_fall_back() -> None:
     g = torch.Generator().manual_seed(2)
     batch, heads, kv_heads, dim, max_len = 3, 4, 2, 16, 12

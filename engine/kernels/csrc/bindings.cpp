@@ -135,13 +135,13 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
-// y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
-void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-               bool swiglu) {
-  check(x, "x", at::kBFloat16);
-  check(y, "y", at::kBFloat16);
-  check_rows(x, "x");
-  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1, "y must be 2-D with unit inner stride");
+// The GEMV weight's kind and its per-row scale (8-bit weights only), checked against x.
+struct GemvWeight {
+  q3tts::WeightKind kind;
+  const float* scale;
+};
+
+GemvWeight check_gemv_weight(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale) {
   check_cuda(w, "w");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be contiguous [out, in]");
   q3tts::WeightKind kind;
@@ -158,19 +158,62 @@ void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tenso
     s = scale->data_ptr<float>();
   }
   TORCH_CHECK(kind == q3tts::WeightKind::kBf16 || s != nullptr, "8-bit weights need a scale");
+  return {kind, s};
+}
+
+// The output y of a GEMV of x with w: [n, outputs], unit inner stride; outputs = w's rows (half for SwiGLU).
+int64_t check_gemv_output(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, bool swiglu) {
+  check(y, "y", at::kBFloat16);
+  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1, "y must be 2-D with unit inner stride");
+  TORCH_CHECK(!swiglu || w.size(0) % 2 == 0, "a fused gate/up weight has an even number of rows");
+  const int64_t outputs = swiglu ? w.size(0) / 2 : w.size(0);
+  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == outputs, "y must be [n, outputs]");
+  return outputs;
+}
+
+// y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
+void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
+               bool swiglu) {
+  check(x, "x", at::kBFloat16);
+  check_rows(x, "x");
+  const GemvWeight weight = check_gemv_weight(x, w, scale);
+  const int64_t outputs = check_gemv_output(y, x, w, swiglu);
   const void* b = nullptr;
   if (bias.has_value()) {
     check(*bias, "bias", at::kBFloat16);
     TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0), "bias must be [out]");
     b = bias->data_ptr();
   }
-  const int64_t outputs = swiglu ? w.size(0) / 2 : w.size(0);
-  TORCH_CHECK(!swiglu || w.size(0) % 2 == 0, "a fused gate/up weight has an even number of rows");
-  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == outputs, "y must be [n, outputs]");
   const c10::cuda::CUDAGuard guard(x.device());
-  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), s, b, x.size(0), x.size(1), outputs, x.stride(0),
-                 y.stride(0), kind, swiglu, stream()),
+  ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), weight.scale, b, x.size(0), x.size(1), outputs,
+                 x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
      "gemv");
+}
+
+// y = gemv(RMSNorm(x + delta) * norm_weight, w) (SwiGLU with `swiglu`), writing x + delta to sum_out when given.
+void gemv_rms_norm(at::Tensor y, at::Tensor x, c10::optional<at::Tensor> delta, c10::optional<at::Tensor> sum_out,
+                   at::Tensor norm_weight, double eps, at::Tensor w, c10::optional<at::Tensor> scale, bool swiglu) {
+  check(x, "x", at::kBFloat16);
+  check_rows(x, "x");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 4, "gemv_rms_norm takes 1 to 4 rows");
+  const GemvWeight weight = check_gemv_weight(x, w, scale);
+  const int64_t outputs = check_gemv_output(y, x, w, swiglu);
+  check(norm_weight, "norm_weight", at::kBFloat16);
+  TORCH_CHECK(norm_weight.is_contiguous() && norm_weight.numel() == x.size(1), "norm_weight must be [in]");
+  void* pointers[2] = {nullptr, nullptr};
+  const c10::optional<at::Tensor>* given[2] = {&delta, &sum_out};
+  for (int i = 0; i < 2; ++i) {
+    if (!given[i]->has_value()) continue;
+    const at::Tensor& t = given[i]->value();
+    check(t, "delta and sum_out", at::kBFloat16);
+    TORCH_CHECK(t.sizes() == x.sizes() && t.strides() == x.strides(), "delta and sum_out must be laid out like x");
+    pointers[i] = t.data_ptr();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::gemv_rms_norm(y.data_ptr(), x.data_ptr(), pointers[0], pointers[1], norm_weight.data_ptr(),
+                          static_cast<float>(eps), w.data_ptr(), weight.scale, x.size(0), x.size(1), outputs,
+                          x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
+     "gemv_rms_norm");
 }
 
 void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
@@ -276,6 +319,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul);
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);
+  m.def("gemv_rms_norm", &gemv_rms_norm);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("set_dependent_launch", &set_dependent_launch);

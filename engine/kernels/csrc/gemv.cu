@@ -3,7 +3,9 @@
 // flight, and applies them to a tile of up to 16 activation rows read through L1. The per-row reduction
 // order (lane -> chunk mapping, then a fixed butterfly) does not depend on n or on the tile split, so a
 // row's result is the same whatever batch it is in. The SwiGLU variant computes the gate and up rows of the
-// fused gate/up weight in one warp and writes only SiLU(gate) * up (the decoder block's MLP input).
+// fused gate/up weight in one warp and writes only SiLU(gate) * up (the decoder block's MLP input). With an
+// InputNorm, each block first norms its (residual + delta) activation rows into shared memory, so the RMSNorm
+// before a decoder block's qkv and gate/up projections needs no kernel (and no dependency) of its own.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -16,6 +18,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kUnroll = 4;
+constexpr int kMaxNormRows = 4;  // activation rows a normed GEMV takes (one tile, normed by every block)
 
 template <WeightKind K>
 struct Chunk;
@@ -80,13 +83,14 @@ __device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint
 
 // The weight-streaming loop of one warp over R weight rows (`rows[r]`, k wide) against the NT activation rows of
 // x: acc[r][t] = sum_k W_r[k] x_t[k], this lane's share. Each lane takes chunks lane, lane + 32, ... in order,
-// so a weight row's reduction order does not depend on R, NT or n.
-// The first batch of weights is loaded before `wait_for_previous_kernel`: weights are never written by a
-// kernel, so they stream in while the kernel that makes x is still running (dependent launch), and for
-// the code predictor's k = 1024 that batch is the whole row.
-template <WeightKind K, int NT, int R>
-__device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4* const (&rows)[R],
-                                                const bf16* __restrict__ x, int rows_here, int k, int x_stride) {
+// so a weight row's reduction order does not depend on R, NT or n. `raw` holds the first batch, loaded by the
+// caller with `load_chunks` before `wait_for_previous_kernel`: weights are never written by a kernel, so they
+// stream in while the kernel that makes x still runs (for the code predictor's k = 1024 that batch is the
+// whole row). x is in global memory, or in shared memory when kSharedX.
+template <WeightKind K, int NT, int R, bool kSharedX>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw)[R][kUnroll],
+                                                const uint4* const (&rows)[R], const bf16* __restrict__ x,
+                                                int rows_here, int k, int x_stride) {
   using C = Chunk<K>;
   constexpr int E = C::kElems;
   constexpr int kStep = 32 * kUnroll;
@@ -97,9 +101,6 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   }
-  uint4 raw[R][kUnroll];
-  load_chunks<R>(raw, rows, lane, chunks);
-  wait_for_previous_kernel();
   for (int base = lane; base < chunks; base += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -115,7 +116,7 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4
 #pragma unroll
         for (int h = 0; h < E / 8; ++h) {
           float xf[8];
-          Chunk<WeightKind::kBf16>::unpack(__ldg(xv + h), xf);
+          Chunk<WeightKind::kBf16>::unpack(kSharedX ? xv[h] : __ldg(xv + h), xf);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -125,6 +126,87 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], const uint4
       }
     }
     if (base + kStep < chunks) load_chunks<R>(raw, rows, base + kStep, chunks);
+  }
+}
+
+// The RMSNorm a GEMV applies to its input rows on the way in (`gemv_rms_norm`, launchers.h).
+struct InputNorm {
+  const bf16* delta;   // added to x first (the residual add), or null
+  bf16* sum_out;       // x + delta, written by block 0 when not null (the next residual stream)
+  const bf16* weight;  // [k]
+  float eps;
+};
+
+// RMSNorm(x + delta) * weight of the block's `rows` activation rows (x_stride apart, k wide) into `normed`
+// ([rows, k], shared), rounded as rms_norm_kernel rounds them (norm.cu): s = bf16(x + delta), then
+// bf16(w * bf16(s * rsqrt(mean(s^2) + eps))); only the fp32 sum of squares is added in another order. Block 0
+// also writes s to norm.sum_out. Every thread of the block must call it; it ends with a __syncthreads.
+template <int NT>
+__device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__ x, int x_stride, int rows, int k,
+                                          const InputNorm& norm) {
+  __shared__ float partial[NT][kWarps];
+  const int vecs = k / 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool writes_sum = norm.sum_out != nullptr && blockIdx.x == 0;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float sum_sq = 0.0f;
+    if (t < rows) {
+      const int64_t offset = static_cast<int64_t>(t) * x_stride;
+      for (int i = threadIdx.x; i < vecs; i += kWarps * 32) {
+        Bf16x8 s = reinterpret_cast<const Bf16x8*>(x + offset)[i];
+        if (norm.delta != nullptr) {
+          const Bf16x8 d = reinterpret_cast<const Bf16x8*>(norm.delta + offset)[i];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s.v[j] = to_bf(to_f(s.v[j]) + to_f(d.v[j]));
+        }
+        if (writes_sum) reinterpret_cast<Bf16x8*>(norm.sum_out + offset)[i] = s;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum_sq += to_f(s.v[j]) * to_f(s.v[j]);
+        reinterpret_cast<Bf16x8*>(normed + static_cast<int64_t>(t) * k)[i] = s;
+      }
+    }
+    sum_sq = warp_sum(sum_sq);
+    if (lane == 0) partial[t][warp] = sum_sq;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= rows) break;
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += partial[t][w];
+    const float inv = rsqrtf(total / static_cast<float>(k) + norm.eps);
+    Bf16x8* row = reinterpret_cast<Bf16x8*>(normed + static_cast<int64_t>(t) * k);
+    for (int i = threadIdx.x; i < vecs; i += kWarps * 32) {
+      const Bf16x8 w = reinterpret_cast<const Bf16x8*>(norm.weight)[i];
+      Bf16x8 o = row[i];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o.v[j] = to_bf(to_f(w.v[j]) * round_bf(to_f(o.v[j]) * inv));
+      row[i] = o;
+    }
+  }
+  __syncthreads();
+}
+
+// The part every GEMV kernel shares: let the next kernel be scheduled, start this warp's weight rows, wait
+// for the previous kernel, norm the input rows when kNorm, then stream: acc[r][t] for weight rows rows[r].
+template <WeightKind K, int NT, int R, bool kNorm>
+__device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* const (&rows)[R], bool active,
+                                          const bf16* __restrict__ x, int rows_here, int k, int x_stride,
+                                          const InputNorm& norm) {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  allow_next_kernel();
+  uint4 raw[R][kUnroll];
+  const int chunks = k / Chunk<K>::kElems;
+  if (active) load_chunks<R>(raw, rows, threadIdx.x & 31, chunks);
+  wait_for_previous_kernel();
+  if constexpr (kNorm) {
+    bf16* normed = reinterpret_cast<bf16*>(shared_bytes);
+    norm_rows<NT>(normed, x, x_stride, rows_here, k, norm);
+    if (active) accumulate_rows<K, NT, R, true>(acc, raw, rows, normed, rows_here, k, k);
+  } else {
+    if (active) accumulate_rows<K, NT, R, false>(acc, raw, rows, x, rows_here, k, x_stride);
   }
 }
 
@@ -141,18 +223,18 @@ __device__ __forceinline__ bf16 product(float lane_sum, const float* scale, cons
   return to_bf(fmaf(warp_sum(lane_sum), s, b));
 }
 
-template <WeightKind K, int NT>
+template <WeightKind K, int NT, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                 const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
-                int x_stride, int y_stride) {
-  allow_next_kernel();
+                int x_stride, int y_stride, InputNorm norm) {
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (row >= m) return;
+  const bool active = row < m;
   const int rows_here = min(NT, n);
-  const uint4* const rows[1] = {weight_row<K>(w, row, k)};
+  const uint4* const rows[1] = {weight_row<K>(w, active ? row : 0, k)};
   float acc[1][NT];
-  accumulate_rows<K, NT, 1>(acc, rows, x, rows_here, k, x_stride);
+  gemv_rows<K, NT, 1, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm);
+  if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const bf16 v = product(acc[0][t], scale, bias, row);
@@ -163,17 +245,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 // SiLU(gate) * up straight from the fused gate/up weight [2m, k] (gate rows first): one warp computes gate row
 // i and up row m + i together and writes only the SwiGLU, with swiglu.cu's expression on the two bf16
 // products. The products are the plain GEMV's, bit for bit, so the result equals linear then silu_mul.
-template <WeightKind K, int NT>
+template <WeightKind K, int NT, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_swiglu_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
-                       const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride) {
-  allow_next_kernel();
+                       const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride,
+                       InputNorm norm) {
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (row >= m) return;
+  const bool active = row < m;
   const int rows_here = min(NT, n);
-  const uint4* const rows[2] = {weight_row<K>(w, row, k), weight_row<K>(w, m + row, k)};
+  const uint4* const rows[2] = {weight_row<K>(w, active ? row : 0, k), weight_row<K>(w, active ? m + row : 0, k)};
   float acc[2][NT];
-  accumulate_rows<K, NT, 2>(acc, rows, x, rows_here, k, x_stride);
+  gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm);
+  if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float gate = to_f(product(acc[0][t], scale, nullptr, row));
@@ -183,22 +266,34 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Tiles of up to 16 activation rows, one launch each; `swiglu` picks the SwiGLU kernel (m = its outputs).
+// Tiles of up to 16 activation rows, one launch each; `swiglu` picks the SwiGLU kernel (m = its outputs). With
+// `norm`, one launch for all n <= kMaxNormRows rows, each block norming them into shared memory.
 template <WeightKind K>
 cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale, const bf16* bias, int n, int k,
-                   int m, int x_stride, int y_stride, bool swiglu, cudaStream_t stream) {
+                   int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm, cudaStream_t stream) {
   const dim3 grid((m + kWarps - 1) / kWarps);
   const dim3 block(kWarps * 32);
+  if (norm != nullptr) {
+#define Q3TTS_NORMED(NT)                                                                                      \
+  swiglu ? launch_kernel_shared(gemv_swiglu_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, \
+                                w, scale, n, k, m, x_stride, y_stride, *norm)                                  \
+         : launch_kernel_shared(gemv_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, w,    \
+                                scale, bias, n, k, m, x_stride, y_stride, *norm)
+    const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(4);
+#undef Q3TTS_NORMED
+    return err;
+  }
+  const InputNorm none = {nullptr, nullptr, nullptr, 0.0f};
   for (int n0 = 0; n0 < n;) {
     const int left = n - n0;
     const int tile = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const bf16* xt = x + static_cast<int64_t>(n0) * x_stride;
     bf16* yt = y + static_cast<int64_t>(n0) * y_stride;
-#define Q3TTS_TILE(NT)                                                                                      \
-  swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT>, grid, block, stream, yt, xt, w, scale, tile, k, m, x_stride, \
-                         y_stride)                                                                          \
-         : launch_kernel(gemv_kernel<K, NT>, grid, block, stream, yt, xt, w, scale, bias, tile, k, m, x_stride, \
-                         y_stride)
+#define Q3TTS_TILE(NT)                                                                                        \
+  swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, tile, k, m,  \
+                         x_stride, y_stride, none)                                                            \
+         : launch_kernel(gemv_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, bias, tile, k, m,   \
+                         x_stride, y_stride, none)
     cudaError_t err;
     switch (tile) {
       case 16: err = Q3TTS_TILE(16); break;
@@ -214,25 +309,45 @@ cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale,
   return cudaSuccess;
 }
 
+template <WeightKind K>
+cudaError_t launch_kind(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
+                        int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm,
+                        cudaStream_t stream) {
+  return launch<K>(static_cast<bf16*>(y), static_cast<const bf16*>(x), static_cast<const uint8_t*>(w), scale,
+                   static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, swiglu, norm, stream);
+}
+
+cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
+                       int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, const InputNorm* norm,
+                       cudaStream_t stream) {
+  const int elems = kind == WeightKind::kBf16 ? 8 : 16;
+  if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
+  switch (kind) {
+    case WeightKind::kBf16:
+      return launch_kind<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+    case WeightKind::kInt8:
+      return launch_kind<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+    case WeightKind::kFp8E4M3:
+      return launch_kind<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm,
+                                               stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
                  int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
-  const int elems = kind == WeightKind::kBf16 ? 8 : 16;
-  if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
-  auto* yb = static_cast<bf16*>(y);
-  auto* xb = static_cast<const bf16*>(x);
-  auto* wb = static_cast<const uint8_t*>(w);
-  auto* bb = static_cast<const bf16*>(bias);
-  switch (kind) {
-    case WeightKind::kBf16:
-      return launch<WeightKind::kBf16>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
-    case WeightKind::kInt8:
-      return launch<WeightKind::kInt8>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
-    case WeightKind::kFp8E4M3:
-      return launch<WeightKind::kFp8E4M3>(yb, xb, wb, scale, bb, n, k, m, x_stride, y_stride, swiglu, stream);
-  }
-  return cudaErrorInvalidValue;
+  return launch_any(y, x, w, scale, bias, n, k, m, x_stride, y_stride, kind, swiglu, nullptr, stream);
+}
+
+cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
+                          float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
+                          int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
+  if (n < 1 || n > kMaxNormRows || k % 8 != 0 || 4 * k * sizeof(bf16) > 48 * 1024) return cudaErrorInvalidValue;
+  const InputNorm norm = {static_cast<const bf16*>(delta), static_cast<bf16*>(sum_out),
+                          static_cast<const bf16*>(norm_weight), eps};
+  return launch_any(y, x, w, scale, nullptr, n, k, m, x_stride, y_stride, kind, swiglu, &norm, stream);
 }
 
 }  // namespace q3tts

@@ -33,12 +33,12 @@ inline bool device_supports_dependent_launch() {
 }
 
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream,
-                          Args&&... args) {
+cudaError_t launch_kernel_shared(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                                 cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -47,6 +47,12 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, 
   config.attrs = attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream,
+                          Args&&... args) {
+  return launch_kernel_shared(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace q3tts

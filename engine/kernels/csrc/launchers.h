@@ -51,6 +51,14 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
                  int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
 
+// `gemv` of RMSNorm(x + delta) * norm_weight (no bias), for n <= 4 rows, in one kernel: each block norms the
+// rows into shared memory before it streams its weights, rounding as `rms_norm` with a residual does (only
+// the fp32 sum of squares is added in another order). delta may be null (a plain RMSNorm of x); when sum_out
+// is not null, x + delta is written there. x, delta and sum_out rows are x_stride apart, k <= 6144.
+cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
+                          float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
+                          int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
+
 // out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
 // null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
 // every op). out is contiguous [B, C, T].
