@@ -313,10 +313,8 @@ def run(args: argparse.Namespace, budget: Budget) -> int:
     if args.zero_eos:
         budget.phase("EOS-free snapshot copy")
         from qwen3_tts_native.commands.bench import zero_eos_copy
-        from qwen3_tts_native.engine.config import load_config
 
-        eos = load_config(model).talker.codec_eos_token_id
-        model = zero_eos_copy(model, model.with_name(model.name + "-noeos"), eos)
+        model = zero_eos_copy(model)
     concurrency = max(p.concurrency or 1 for p in args.profile_list)
     commit = git_commit()
     ports = {engine: free_port() for engine in args.engine_list}

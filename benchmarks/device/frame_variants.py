@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from qwen3_tts_native.commands.bench import make_request, replay_ms, zero_eos_copy
-from qwen3_tts_native.engine.config import load_config
 from qwen3_tts_native.engine.kernels import ops
 from qwen3_tts_native.engine.runtime import graphs
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -55,8 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     crossovers = dict(item.split("=") for item in args.gemm_min_rows.split(",") if item)
-    eos = load_config(args.model).talker.codec_eos_token_id
-    timing_model = zero_eos_copy(args.model, args.model.with_name(args.model.name + "-noeos"), eos)
+    timing_model = zero_eos_copy(args.model)
     base = VoiceDesignEngine.load(
         timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1, max_context=512, accelerate=False
     )

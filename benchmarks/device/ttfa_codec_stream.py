@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
-from qwen3_tts_native.engine.config import load_config
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 RUNS = 12
@@ -60,8 +59,7 @@ def main() -> int:
     parser.add_argument("--modes", default="exact,fast")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    eos = load_config(args.model).talker.codec_eos_token_id
-    timing_model = zero_eos_copy(args.model, args.model.with_name(args.model.name + "-noeos"), eos)
+    timing_model = zero_eos_copy(args.model)
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
     for mode in [m for m in args.modes.split(",") if m]:
         engine = VoiceDesignEngine.load(

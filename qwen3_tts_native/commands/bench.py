@@ -102,8 +102,13 @@ def summarize(values: list[float]) -> dict[str, float]:
     }
 
 
-def zero_eos_copy(model: Path, target: Path, eos_id: int) -> Path:
-    """Copy a snapshot (hard links where possible) with row `eos_id` of talker.codec_head set to zero."""
+def zero_eos_copy(model: Path) -> Path:
+    """The snapshot's timing copy beside it (`<name>-noeos`; hard links where possible) with the EOS row of
+    talker.codec_head set to zero, so that a run yields the frames it asks for. Made once, then reused."""
+    from ..engine.config import load_config
+
+    eos_id = load_config(model).talker.codec_eos_token_id
+    target = model.with_name(model.name + "-noeos")
     if (target / ".eos-zeroed").exists():
         return target
     if target.exists():
@@ -737,12 +742,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stages: dict[str, float] = {}
     result: dict[str, Any] = {"system": system_info(), "stage_s": stages, "modes": {}, "peers": {}}
-    config = load_config(args.model)
-    eos = config.talker.codec_eos_token_id
+    eos = load_config(args.model).talker.codec_eos_token_id
     with stage(stages, "eos-free copy"):
-        timing_model = args.timing_model or zero_eos_copy(
-            args.model, args.model.with_name(args.model.name + "-noeos"), eos
-        )
+        timing_model = args.timing_model or zero_eos_copy(args.model)
     result["workload"] = {
         "snapshot": str(args.model),
         "timing_snapshot": str(timing_model),
