@@ -269,8 +269,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Tiles of up to 16 activation rows, one launch each; `swiglu` picks the SwiGLU kernel (m = its outputs). With
 // `norm`, one launch for all n <= kMaxNormRows rows, each block norming them into shared memory.
 template <WeightKind K>
-cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale, const bf16* bias, int n, int k,
-                   int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm, cudaStream_t stream) {
+cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float* scale, const void* bias_in, int n,
+                   int k, int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm,
+                   cudaStream_t stream) {
+  auto* y = static_cast<bf16*>(y_out);
+  auto* x = static_cast<const bf16*>(x_in);
+  auto* w = static_cast<const uint8_t*>(w_in);
+  auto* bias = static_cast<const bf16*>(bias_in);
   const dim3 grid((m + kWarps - 1) / kWarps);
   const dim3 block(kWarps * 32);
   if (norm != nullptr) {
@@ -279,7 +284,7 @@ cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale,
                                 w, scale, n, k, m, x_stride, y_stride, *norm)                                  \
          : launch_kernel_shared(gemv_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, w,    \
                                 scale, bias, n, k, m, x_stride, y_stride, *norm)
-    const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(4);
+    const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(kMaxNormRows);
 #undef Q3TTS_NORMED
     return err;
   }
@@ -309,14 +314,6 @@ cudaError_t launch(bf16* y, const bf16* x, const uint8_t* w, const float* scale,
   return cudaSuccess;
 }
 
-template <WeightKind K>
-cudaError_t launch_kind(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
-                        int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm,
-                        cudaStream_t stream) {
-  return launch<K>(static_cast<bf16*>(y), static_cast<const bf16*>(x), static_cast<const uint8_t*>(w), scale,
-                   static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, swiglu, norm, stream);
-}
-
 cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
                        int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, const InputNorm* norm,
                        cudaStream_t stream) {
@@ -324,12 +321,11 @@ cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale
   if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   switch (kind) {
     case WeightKind::kBf16:
-      return launch_kind<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+      return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
     case WeightKind::kInt8:
-      return launch_kind<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+      return launch<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
     case WeightKind::kFp8E4M3:
-      return launch_kind<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm,
-                                               stream);
+      return launch<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -344,7 +340,8 @@ cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, cons
 cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
                           float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
                           int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
-  if (n < 1 || n > kMaxNormRows || k % 8 != 0 || 4 * k * sizeof(bf16) > 48 * 1024) return cudaErrorInvalidValue;
+  const bool fits = n >= 1 && n <= kMaxNormRows && k % 8 == 0 && kMaxNormRows * k * sizeof(bf16) <= 48 * 1024;
+  if (!fits) return cudaErrorInvalidValue;
   const InputNorm norm = {static_cast<const bf16*>(delta), static_cast<bf16*>(sum_out),
                           static_cast<const bf16*>(norm_weight), eps};
   return launch_any(y, x, w, scale, nullptr, n, k, m, x_stride, y_stride, kind, swiglu, &norm, stream);
