@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
+from qwen3_tts_native.commands.bench import FRAME_SECONDS, make_request, zero_eos_copy
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 RUNS = 12
@@ -48,7 +48,7 @@ def synthesize_ms(engine: VoiceDesignEngine, frames: int, seed: int) -> tuple[fl
     first_packet = next(packets)
     first = time.perf_counter()
     produced = first_packet.frame_count + sum(p.frame_count for p in packets)
-    return (first - start) * 1000, (time.perf_counter() - start) / (produced * 0.08)
+    return (first - start) * 1000, (time.perf_counter() - start) / (produced * FRAME_SECONDS)
 
 
 def main() -> int:
