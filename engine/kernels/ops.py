@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..runtime import sampling
@@ -27,6 +28,7 @@ __all__ = [
     "rms_norm_linear",
     "rope_attention",
     "sample_predictor",
+    "sample_predictor_and_embed",
     "sample_talker",
     "set_dependent_launch",
     "silu_mul",
@@ -146,8 +148,8 @@ def decode_attention(
 
 
 SHORT_CACHE = 64
-"""Caches of at most this many positions (one attention tile: the code predictor's 16) take the one-kernel
-`rope_attention`."""
+"""Caches of at most this many positions (one attention tile: the code predictor's 16) need no split merge
+in `rope_attention`, and no workspace."""
 
 
 def rope_attention(
@@ -171,16 +173,15 @@ def rope_attention(
     """`qk_norm_rope_cache` then `decode_attention` over positions 0..position (lengths = positions + 1, which
     the caller computes once for all layers): [B, Hq*D].
 
-    For a cache of at most `SHORT_CACHE` positions whose rows all have `distinct_slots`, one kernel does both
-    (the block of a KV head ropes its queries and key itself and stages the new K/V from registers),
-    bit-identical to the two kernels. Rows that share a slot (several tokens of one sequence in one call)
-    must see each other's new K/V, so they, and longer caches, run the two kernels.
+    For rows that all have `distinct_slots`, one kernel ropes and attends (its blocks rope the queries and
+    the new key themselves and stage the new K/V from registers), plus the split merge when the cache holds
+    more than `SHORT_CACHE` positions; bit-identical to the two kernels. Rows that share a slot (several
+    tokens of one sequence in one call) must see each other's new K/V, so they run the two kernels.
     """
     ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
     head_dim = k_cache.shape[-1]
     supported = (
         distinct_slots
-        and k_cache.shape[2] <= SHORT_CACHE
         and head_dim in (64, 128)
         and q.shape[1] // k.shape[1] in (1, 2)
         and positions.dtype == torch.int64
@@ -192,8 +193,26 @@ def rope_attention(
         )
         return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale)
     out = torch.empty(q.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
-    ext.short_attention(
-        out, q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps, scale
+    workspace = None
+    if k_cache.shape[2] > SHORT_CACHE:
+        size = ext.decode_attention_workspace(q.shape[0], q.shape[1] // head_dim, head_dim, k_cache.shape[2])
+        workspace = torch.empty(size, dtype=torch.float32, device=q.device)
+    ext.rope_attention(
+        out,
+        workspace,
+        q,
+        k,
+        v,
+        q_norm,
+        k_norm,
+        cos_table,
+        sin_table,
+        positions,
+        slots,
+        k_cache,
+        v_cache,
+        eps,
+        scale,
     )
     return out
 
@@ -334,11 +353,12 @@ def sample_talker(
     """cb0 for each row: penalty over `history`, control ids and (under 2 frames) EOS banned, then the draw.
 
     Same token as `sampling.sample_with_uniform` for the same uniform (tests/device checks 1M cases).
+    `logits` float32 or bfloat16 (read as its exact float32 values).
     """
-    ext = _ext(logits, dtype=torch.float32)
-    if ext is None or logits.shape[-1] > 4096:
+    ext = _ext(logits, dtype=None)
+    if ext is None or logits.shape[-1] > 4096 or logits.dtype not in (torch.float32, torch.bfloat16):
         banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
-        return reference.sample(logits, uniforms, params, history, banned)
+        return reference.sample(logits.float(), uniforms, params, history, banned)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     ext.sample(
         out,
@@ -354,16 +374,45 @@ def sample_talker(
         params.top_k,
         params.top_p,
         uniforms,
+        None,
+        None,
     )
     return out
 
 
 def sample_predictor(logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows) -> Tensor:
-    """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans)."""
-    ext = _ext(logits, dtype=torch.float32)
-    if ext is None or logits.shape[-1] > 4096:
-        return reference.sample(logits, uniforms, params)
+    """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans). `logits` float32 or
+    bfloat16; the kernel reads bfloat16 as its exact float32 values."""
+    return _sample_predictor(logits, uniforms, params, None)[0]
+
+
+def sample_predictor_and_embed(
+    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(codes, table[codes]): `sample_predictor` and the next step's input row in one kernel, so a codebook
+    step of the frame needs no gather kernel. `table` [vocab, width] bfloat16 (the projected embeddings)."""
+    codes, embedded = _sample_predictor(logits, uniforms, params, table)
+    assert embedded is not None
+    return codes, embedded
+
+
+def _sample_predictor(
+    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    ext = _ext(logits, dtype=None)
+    fits = (
+        logits.dtype in (torch.float32, torch.bfloat16)
+        and logits.shape[-1] <= 4096
+        and (table is None or (table.is_cuda and table.dtype == torch.bfloat16 and table.shape[-1] % 8 == 0))
+    )
+    if ext is None or not fits:
+        codes = reference.sample(logits.float(), uniforms, params)
+        return codes, (None if table is None else F.embedding(codes, table))
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    embedded = None
+    if table is not None:
+        table = table.contiguous()
+        embedded = torch.empty(logits.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
     ext.sample(
         out,
         logits,
@@ -378,5 +427,7 @@ def sample_predictor(logits: Tensor, uniforms: Tensor, params: sampling.Sampling
         params.top_k,
         params.top_p,
         uniforms,
+        table,
+        embedded,
     )
-    return out
+    return out, embedded

@@ -177,7 +177,6 @@ class _Block:
 
 def _run_blocks(
     blocks: list[_Block],
-    final_norm: Tensor,
     x: Tensor,
     eps: float,
     cos: Tensor,
@@ -189,14 +188,15 @@ def _run_blocks(
     cache_v: Tensor,
     scale: float,
     distinct_slots: bool,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
 
-    Returns the post-final-norm hidden. Each residual add is fused into the next RMSNorm, and on the GEMV
-    path that into the qkv or gate/up projection after it (`Weight.after_rms_norm`; the residual stream then
-    moves to new tensors instead). `distinct_slots`: no two rows write the same cache slot (see
-    `ops.rope_attention`).
+    Returns (residual, delta): the last block's residual stream and its MLP output, whose add and final
+    RMSNorm are left to the caller (`ops.add_rms_norm_`, or the head's `Weight.after_rms_norm`). Each
+    residual add is fused into the next RMSNorm, and on the GEMV path that into the qkv or gate/up
+    projection after it (the residual stream then moves to new tensors instead). `distinct_slots`: no two
+    rows write the same cache slot (see `ops.rope_attention`).
     """
     residual, delta = x, None
     for index, blk in enumerate(blocks):
@@ -223,7 +223,20 @@ def _run_blocks(
         mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
         delta = blk.down(mlp)
     assert delta is not None
-    return ops.add_rms_norm_(delta, residual, final_norm, eps)
+    return residual, delta
+
+
+def _projected_embeddings(predictor: CodePredictor) -> Tensor:
+    """[groups - 1, vocab, predictor hidden]: projection(embedding[g][code]) for every code of the groups
+    whose code feeds a next step, made once. A codebook step's input is then a row of this table, which
+    the sampler gathers (`ops.sample_predictor_and_embed`), instead of a lookup and a projection GEMV:
+    each row is the same product of the same bf16 operands (fp32 accumulation, one rounding), summed in
+    another order."""
+    weight, bias = predictor.projection.weight, predictor.projection.bias
+    with torch.no_grad():
+        return torch.stack(
+            [F.linear(table, weight, bias) for table in list(predictor.embeddings)[: predictor.groups - 1]]
+        )
 
 
 class KernelFrame:
@@ -246,6 +259,7 @@ class KernelFrame:
         self.projection_bias = predictor.projection.bias
         self.heads = [_prepare(cast(Tensor, head.weight), mode) for head in predictor.heads]
         self.groups = predictor.groups
+        self.step_inputs = _projected_embeddings(predictor)
         self.predictor_shape = (len(predictor.layers), pc.num_key_value_heads, self.groups + 1, pc.head_dim)
 
     def prefill_hidden(self, prompt: Tensor, slot: Tensor, cache: KVCache) -> Tensor:
@@ -278,16 +292,21 @@ class KernelFrame:
         ends = (torch.tensor(lengths).cumsum(0) - 1).to(device)
         row_slots = slots.repeat_interleave(torch.tensor(lengths, device=device), output_size=sum(lengths))
         # torch.cat copies: the pass updates its residual stream in place.
-        return self.talker_hidden(torch.cat(prompts), positions, row_slots, cache).index_select(0, ends)
+        return self.talker_hidden(
+            torch.cat(prompts), positions, row_slots, cache, distinct_slots=False
+        ).index_select(0, ends)
 
-    def talker_hidden(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+    def talker_hidden(
+        self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, *, distinct_slots: bool
+    ) -> Tensor:
         """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
-        post-norm hidden [N, H]."""
+        post-norm hidden [N, H]. `distinct_slots`: the rows are different sessions (a decode frame; padded
+        rows share the scratch slot at position 0, where they read nothing another row writes), not the
+        tokens of one prompt."""
         x = embeds.contiguous()
         t = self.talker
-        return _run_blocks(
+        residual, delta = _run_blocks(
             self.talker_blocks,
-            t.norm.weight,
             x,
             self.talker_eps,
             t.rope_cos,
@@ -298,8 +317,9 @@ class KernelFrame:
             cache.k,
             cache.v,
             self.talker_scale,
-            distinct_slots=False,  # a prefill pass holds many tokens of one slot
+            distinct_slots=distinct_slots,
         )
+        return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
 
     def _predict(self, hidden: Tensor, cb0_embed: Tensor, rows: FrameRows) -> Tensor:
         """Codebooks 1..15: step 0 runs both prefix tokens as 2B rows (causal by position), then 14 steps."""
@@ -319,9 +339,8 @@ class KernelFrame:
         step_positions = step_positions.view(-1, batch)
         step_lengths = step_positions + 1
         x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
-        h = _run_blocks(
+        residual, delta = _run_blocks(
             blocks,
-            final,
             x,
             eps,
             p.rope_cos,
@@ -333,29 +352,34 @@ class KernelFrame:
             cache_v,
             scale,
             distinct_slots=False,  # each session's two prefix tokens share its slot
-        )[1::2]
+        )
+        logits = self.heads[0](ops.add_rms_norm_(delta, residual, final, eps)[1::2].contiguous())
         codes = []
         for group in range(self.groups):
-            logits = self.heads[group](h.contiguous()).float()
-            code = ops.sample_predictor(logits, rows.uniforms[:, 1 + group], rows.predictor_sampling)
+            uniforms = rows.uniforms[:, 1 + group]
+            if group + 1 == self.groups:
+                codes.append(ops.sample_predictor(logits, uniforms, rows.predictor_sampling))
+                break
+            # The sampler also gathers the code's projected embedding: the next step's input.
+            code, x = ops.sample_predictor_and_embed(
+                logits, uniforms, rows.predictor_sampling, self.step_inputs[group]
+            )
             codes.append(code)
-            if group + 1 < self.groups:
-                x = self.projection(p.embed(code, group), self.projection_bias)
-                h = _run_blocks(
-                    blocks,
-                    final,
-                    x,
-                    eps,
-                    p.rope_cos,
-                    p.rope_sin,
-                    step_positions[group],
-                    step_lengths[group],
-                    row_slots,
-                    cache_k,
-                    cache_v,
-                    scale,
-                    distinct_slots=True,
-                )
+            residual, delta = _run_blocks(
+                blocks,
+                x,
+                eps,
+                p.rope_cos,
+                p.rope_sin,
+                step_positions[group],
+                step_lengths[group],
+                row_slots,
+                cache_k,
+                cache_v,
+                scale,
+                distinct_slots=True,
+            )
+            logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps)
         return torch.stack(codes, dim=1)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -364,9 +388,8 @@ class KernelFrame:
 
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (`step.complete_frames`)."""
-        logits = self.logits(hidden)
         cb0 = ops.sample_talker(
-            logits,
+            self.codec_head(hidden),  # bfloat16: the sampler reads it as float32
             rows.uniforms[:, 0],
             rows.talker_sampling,
             rows.cb0_history,
@@ -386,7 +409,7 @@ class KernelFrame:
         rows: FrameRows,
     ) -> Tensor:
         embeds = step.frame_input(self.talker, previous_codes, text)
-        hidden = self.talker_hidden(embeds, positions, slots, cache)
+        hidden = self.talker_hidden(embeds, positions, slots, cache, distinct_slots=True)
         return self.complete_frames(hidden, rows)
 
 

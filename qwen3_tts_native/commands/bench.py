@@ -316,7 +316,8 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
 
 
 def weight_bytes_per_frame(engine: Any, backend: Any) -> int:
-    """Bytes a frame must stream at batch 1: talker blocks + codec_head once, the predictor 15 times."""
+    """Bytes a frame must stream at batch 1: talker blocks + codec_head once, the predictor 15 times (the
+    graphs' predictor projects its input only at step 0; later steps gather a projected-embedding row)."""
     from ..engine.kernels.reference import QuantizedWeight
     from ..engine.runtime.graphs import Weight
 
@@ -334,9 +335,8 @@ def weight_bytes_per_frame(engine: Any, backend: Any) -> int:
             return sum(size(w) for w in (b.qkv, b.o, b.gate_up, b.down))
 
         talker = sum(block(b) for b in frame.talker_blocks) + size(frame.codec_head)
-        heads = size(frame.projection) + size(frame.heads[0])
-        per_step = sum(block(b) for b in frame.predictor_blocks) + heads
-        return talker + 15 * per_step
+        per_step = sum(block(b) for b in frame.predictor_blocks) + size(frame.heads[0])
+        return talker + 15 * per_step + size(frame.projection)
     talker = sum(size(p) for p in engine.talker.layers.parameters()) + size(engine.talker.codec_head.weight)
     predictor = engine.predictor
     per_step = (

@@ -136,7 +136,9 @@ def teacher_forced_logits(
                 hidden = talker(embeds.unsqueeze(1), position.unsqueeze(1), slot, cache)[:, 0]
                 logits.append(talker.logits(hidden))
             else:
-                logits.append(frame.logits(frame.talker_hidden(embeds, position, slot, cache)))
+                logits.append(
+                    frame.logits(frame.talker_hidden(embeds, position, slot, cache, distinct_slots=True))
+                )
         return torch.cat(logits)
     finally:
         engine.release(session)

@@ -109,17 +109,28 @@ def test_decode_attention(ext, batch: int, heads: int, kv_heads: int, dim: int, 
 
 @pytest.mark.parametrize(
     "batch,heads,kv_heads,dim,max_len",
-    [(1, 16, 8, 128, 16), (3, 16, 8, 128, 16), (64, 16, 8, 128, 16), (5, 8, 8, 64, 64), (2, 16, 8, 128, 300)],
+    [
+        (1, 16, 8, 128, 16),
+        (3, 16, 8, 128, 16),
+        (64, 16, 8, 128, 16),
+        (5, 8, 8, 64, 64),
+        (2, 16, 8, 128, 300),
+        (7, 16, 8, 128, 4096),
+        (64, 16, 8, 128, 1024),
+        (6, 8, 8, 64, 200),
+    ],
 )
 def test_rope_attention_is_rope_then_attention(  # type: ignore[no-untyped-def]
     ext, batch: int, heads: int, kv_heads: int, dim: int, max_len: int
 ) -> None:
-    """The one-kernel short-cache path (max_len <= 64; 300 takes the two kernels) equals
-    qk_norm_rope_cache then decode_attention bit for bit: the output and both caches."""
+    """The fused path (one kernel up to 64 positions, then split tiles and the merge) equals
+    qk_norm_rope_cache then decode_attention bit for bit: the output and both caches, with new tokens at
+    the first and last position of a cache and on both sides of a tile boundary."""
     slots_total = batch + 2
     q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
     positions = torch.randint(0, max_len, (batch,), device="cuda")
-    positions[0] = max_len - 1
+    edges = torch.tensor([max_len - 1, 0, 63, 64, 127, 128, 65], device="cuda").clamp(max=max_len - 1)
+    positions[: min(batch, 7)] = edges[: min(batch, 7)]
     slots = torch.randperm(slots_total, device="cuda")[:batch]
     k1 = torch.randn(slots_total, kv_heads, max_len, dim, device="cuda", dtype=BF16)
     v1 = torch.randn_like(k1)

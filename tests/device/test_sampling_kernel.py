@@ -94,3 +94,29 @@ def test_sampling_kernel_is_deterministic(ext) -> None:  # type: ignore[no-untyp
     first = ops.sample_predictor(logits, u, params)
     for _ in range(3):
         assert torch.equal(ops.sample_predictor(logits, u, params), first)
+
+
+def test_sampling_kernel_reads_bf16_logits_and_gathers_the_next_input(ext) -> None:  # type: ignore[no-untyped-def]
+    """bfloat16 logits give the tokens of their float32 values, and the gathered rows are the table's rows of
+    those tokens, bit for bit (the frame's codebook steps use both)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    mismatches = 0
+    for _ in range(8):
+        logits, u, greedy, temperature, top_k, top_p, penalty, _history, _frames = random_case(8192, 2048, g)
+        params = sampling.SamplingRows(greedy, temperature, top_k, top_p, penalty)
+        half = logits.to(torch.bfloat16)
+        table = torch.randn(2048, 1024, generator=g, device="cuda").to(torch.bfloat16)
+        codes, embedded = ops.sample_predictor_and_embed(half, u, params, table)
+        mismatches += int((codes != sampling.sample_with_uniform(half.float(), u, params)).sum())
+        assert torch.equal(codes, ops.sample_predictor(half.float(), u, params))
+        assert torch.equal(embedded, table[codes])
+        talker_logits, u, greedy, temperature, top_k, top_p, penalty, history, frames = random_case(
+            4096, 3072, g
+        )
+        params = sampling.SamplingRows(greedy, temperature, top_k, top_p, penalty)
+        half = talker_logits.to(torch.bfloat16)
+        assert torch.equal(
+            ops.sample_talker(half, u, params, history, frames, EOS),
+            ops.sample_talker(half.float(), u, params, history, frames, EOS),
+        )
+    assert mismatches == 0

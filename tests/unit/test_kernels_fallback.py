@@ -150,6 +150,12 @@ def test_samplers_fall_back_to_sample_with_uniform() -> None:
         ops.sample_predictor(logits[:, :2048], u, params),
         sampling.sample_with_uniform(logits[:, :2048], u, params),
     )
+    table = torch.randn(2048, 64, generator=g).to(torch.bfloat16)
+    codes, embedded = ops.sample_predictor_and_embed(logits[:, :2048].to(torch.bfloat16), u, params, table)
+    assert torch.equal(
+        codes, sampling.sample_with_uniform(logits[:, :2048].to(torch.bfloat16).float(), u, params)
+    )
+    assert torch.equal(embedded, table[codes])
 
 
 def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,8 @@
 // Flash-decoding for one query token per row over a static [slots, kv_heads, max_len, D] cache.
 // Pass 1: one block per (64-key split, kv head, row); the split's K and V are staged in shared memory with
-// all loads in flight at once, and every query head of the GQA group reuses them. Pass 2 merges the splits (no pass 2 for a single split).
+// all loads in flight at once, and every query head of the GQA group reuses them. Pass 2 merges the splits
+// (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
+// cache write of the new token (rope_attention_kernel).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length.
 #include <math_constants.h>
@@ -106,6 +108,29 @@ __device__ __forceinline__ void attend_tile(Tile<D, G>& t, int count, bf16* sing
   }
 }
 
+// Stage a tile's keys and values: rows below `cached` from the cache rows at kb / vb, zeros for the rest,
+// except row `skip` (the new token, staged from registers by the caller), all loads in flight at once.
+template <int D, int G>
+__device__ __forceinline__ void stage_tile(Tile<D, G>& t, const bf16* kb, const bf16* vb, int cached, int skip) {
+  constexpr int kRow = Tile<D, G>::kRow;
+  constexpr int kVecsPerRow = D / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kTile * kVecsPerRow; i += kThreads) {
+    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
+    if (row == skip) continue;
+    Bf16x8 kv{}, vv{};
+    if (row < cached) {
+      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
+      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
+    }
+    *reinterpret_cast<Bf16x8*>(t.k + row * kRow + col * 8) = kv;
+    *reinterpret_cast<Bf16x8*>(t.v + row * D + col * 8) = vv;
+  }
+}
+
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads)
     attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
@@ -115,9 +140,6 @@ __global__ void __launch_bounds__(kThreads)
                            int num_splits, float scale) {
   begin_dependent_kernel();
   __shared__ Tile<D, G> t;
-  constexpr int kRow = Tile<D, G>::kRow;
-  bf16* k_s = t.k;
-  bf16* v_s = t.v;
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y;
@@ -147,21 +169,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t slot = slots[b];
   const bf16* kb = k_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
   const bf16* vb = v_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
-  constexpr int kVecsPerRow = D / 8;
-#pragma unroll
-  for (int i = tid; i < kTile * kVecsPerRow; i += kThreads) {
-    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
-    Bf16x8 kv{}, vv{};
-    if (row < count) {
-      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
-      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
-    }
-    *reinterpret_cast<Bf16x8*>(k_s + row * kRow + col * 8) = kv;
-    *reinterpret_cast<Bf16x8*>(v_s + row * D + col * 8) = vv;
-  }
+  stage_tile<D, G>(t, kb, vb, count, kTile);
   for (int i = tid; i < G * D; i += kThreads) {
     const int g = i / D, d = i % D;
     t.q[g][d] = to_f(q[(static_cast<int64_t>(b) * q_heads + kvh * G + g) * D + d]) * scale;
@@ -170,32 +178,49 @@ __global__ void __launch_bounds__(kThreads)
   attend_tile<D, G>(t, count, single, part, part_head);
 }
 
-// The whole step of a cache that fits one tile (the code predictor's 16 positions): q/k RMSNorm + RoPE of
-// the new token (rope.cuh, as qk_norm_rope_cache computes them), its K/V written to the cache, and the
-// attention of the G query heads of one KV head, in one block per (KV head, row). Warps 0..G-1 rope the
-// queries, warp G the key, warp G+1 copies the value; the new key and value are staged from registers and
-// the older ones from the cache. The same values as qk_norm_rope_cache then decode_attention, bit for bit.
+// The whole decode step of one query token per row, for rows whose slots are distinct: q/k RMSNorm + RoPE
+// of the new token (rope.cuh, as qk_norm_rope_cache computes them), its K/V written to the cache, and pass 1
+// of the attention, in one block per (64-key split, KV head, row). Every split ropes the G queries (warps
+// 0..G-1); the split that holds the new position ropes its key (warp G) and copies its value (warp G+1) to
+// the cache and stages both from registers, the older keys and values come from the cache (another row's
+// block never writes them: distinct slots). With one split (the code predictor's 16 positions) the heads
+// are normalised here; else the merge kernel follows. The same values as qk_norm_rope_cache then
+// decode_attention, bit for bit, one dependent kernel fewer.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads)
-    short_attention_kernel(bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k,
-                           const bf16* __restrict__ v, int q_stride, int k_stride, int v_stride,
-                           const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
-                           const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
-                           const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
-                           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
-                           int max_len, float eps, float scale) {
+    rope_attention_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
+                          const bf16* __restrict__ k, const bf16* __restrict__ v, int q_stride, int k_stride,
+                          int v_stride, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
+                          const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
+                          const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
+                          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
+                          int max_len, int num_splits, float eps, float scale) {
   static_assert(G + 2 <= kThreads / 32, "one warp per query head, the key and the value");
   constexpr int P = D / 64;
   constexpr int H = D / 2;
   begin_dependent_kernel();
   __shared__ Tile<D, G> t;
   constexpr int kRow = Tile<D, G>::kRow;
-  const int kvh = blockIdx.x;
-  const int b = blockIdx.y;
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int first = (tid & 31) * P;
   const int pos = static_cast<int>(positions[b]);
+  const int start = split * kTile;
+  const int count = min(kTile, pos + 1 - start);
+  float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
+  const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
+  bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
+  if (count <= 0) {  // a split past the row's length (the grid is sized for max_len)
+    for (int i = tid; i < G * (D + 2); i += kThreads) {
+      const int g = i / (D + 2), j = i % (D + 2);
+      part[g * part_head + j] = j == D ? -CUDART_INF_F : 0.0f;
+    }
+    return;
+  }
+  const int fresh = pos - start;  // the new token's row in this split's tile, when < kTile
   const int64_t slot = slots[b];
   const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
   const bf16* cos = cos_table + static_cast<int64_t>(pos) * D;
@@ -208,42 +233,28 @@ __global__ void __launch_bounds__(kThreads)
       t.q[warp][first + j] = to_f(lo[j]) * scale;
       t.q[warp][first + H + j] = to_f(hi[j]) * scale;
     }
-  } else if (warp == G) {
+  } else if (warp == G && fresh < kTile) {
     bf16 lo[P], hi[P];
     norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_norm, cos, sin, eps, lo, hi);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      k_cache[cache_row + first + j] = t.k[pos * kRow + first + j] = lo[j];
-      k_cache[cache_row + first + H + j] = t.k[pos * kRow + first + H + j] = hi[j];
+      k_cache[cache_row + first + j] = t.k[fresh * kRow + first + j] = lo[j];
+      k_cache[cache_row + first + H + j] = t.k[fresh * kRow + first + H + j] = hi[j];
     }
-  } else if (warp == G + 1) {
+  } else if (warp == G + 1 && fresh < kTile) {
     const bf16* src = v + static_cast<int64_t>(b) * v_stride + kvh * D;
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      v_cache[cache_row + first + j] = t.v[pos * D + first + j] = src[first + j];
-      v_cache[cache_row + first + H + j] = t.v[pos * D + first + H + j] = src[first + H + j];
+      v_cache[cache_row + first + j] = t.v[fresh * D + first + j] = src[first + j];
+      v_cache[cache_row + first + H + j] = t.v[fresh * D + first + H + j] = src[first + H + j];
     }
   }
-  // The older keys and values (positions 0 .. pos-1) from the cache, zeros past the new one.
-  const bf16* kb = k_cache + (slot * kv_heads + kvh) * max_len * D;
-  const bf16* vb = v_cache + (slot * kv_heads + kvh) * max_len * D;
-  constexpr int kVecsPerRow = D / 8;
-  for (int i = tid; i < kTile * kVecsPerRow; i += kThreads) {
-    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
-    if (row == pos) continue;
-    Bf16x8 kv{}, vv{};
-    if (row < pos) {
-      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
-      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
-    }
-    *reinterpret_cast<Bf16x8*>(t.k + row * kRow + col * 8) = kv;
-    *reinterpret_cast<Bf16x8*>(t.v + row * D + col * 8) = vv;
-  }
+  // The older keys and values of the split from the cache, zeros past the new one.
+  const bf16* kb = k_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
+  const bf16* vb = v_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
+  stage_tile<D, G>(t, kb, vb, fresh, fresh);
   __syncthreads();
-  attend_tile<D, G>(t, pos + 1, out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D, nullptr, 0);
+  attend_tile<D, G>(t, count, single, part, part_head);
 }
 
 template <int D>
@@ -266,6 +277,17 @@ __global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __re
     }
     out[static_cast<int64_t>(row_head) * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
   }
+}
+
+// Pass 2: one block per (row, query head) merges the splits' partials into out.
+cudaError_t merge_splits(void* out, const float* workspace, int row_heads, int head_dim, int splits,
+                         cudaStream_t stream) {
+  if (head_dim == 128) {
+    launch_kernel(attention_merge_kernel<128>, dim3(row_heads), dim3(128), stream, static_cast<bf16*>(out), workspace, splits);
+  } else {
+    launch_kernel(attention_merge_kernel<64>, dim3(row_heads), dim3(64), stream, static_cast<bf16*>(out), workspace, splits);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -303,43 +325,42 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
 #undef Q3TTS_SPLIT
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
-  if (head_dim == 128) {
-    launch_kernel(attention_merge_kernel<128>, dim3(batch * q_heads), dim3(128), stream, static_cast<bf16*>(out), workspace, splits);
-  } else {
-    launch_kernel(attention_merge_kernel<64>, dim3(batch * q_heads), dim3(64), stream, static_cast<bf16*>(out), workspace, splits);
-  }
-  return cudaGetLastError();
+  return merge_splits(out, workspace, batch * q_heads, head_dim, splits, stream);
 }
 
-cudaError_t short_attention(void* out, const void* q, const void* k, const void* v, int q_stride, int k_stride,
-                            int v_stride, const void* q_norm, const void* k_norm, const void* cos, const void* sin,
-                            const int64_t* positions, const int64_t* slots, void* k_cache, void* v_cache,
-                            int batch, int q_heads, int kv_heads, int head_dim, int max_len, float eps,
-                            float scale, cudaStream_t stream) {
-  if (max_len > kTile || q_heads % kv_heads != 0) return cudaErrorInvalidValue;
+cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
+                           int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
+                           const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
+                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
+                           float eps, float scale, cudaStream_t stream) {
+  if (q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int groups = q_heads / kv_heads;
-  const dim3 grid(kv_heads, batch);
-#define Q3TTS_SHORT(D, G)                                                                                   \
-  launch_kernel(short_attention_kernel<D, G>, grid, dim3(kThreads), stream, static_cast<bf16*>(out),          \
+  const int splits = decode_attention_splits(max_len, kTile);
+  if (splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
+  const dim3 grid(splits, kv_heads, batch);
+#define Q3TTS_ROPE(D, G)                                                                                     \
+  launch_kernel(rope_attention_kernel<D, G>, grid, dim3(kThreads), stream, workspace, static_cast<bf16*>(out), \
                 static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride, \
                 k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),          \
                 static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,                  \
-                static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, eps, scale)
-  cudaError_t err;
+                static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, splits,   \
+                eps, scale)
   if (head_dim == 128 && groups == 2) {
-    err = Q3TTS_SHORT(128, 2);
+    Q3TTS_ROPE(128, 2);
   } else if (head_dim == 128 && groups == 1) {
-    err = Q3TTS_SHORT(128, 1);
+    Q3TTS_ROPE(128, 1);
   } else if (head_dim == 64 && groups == 2) {
-    err = Q3TTS_SHORT(64, 2);
+    Q3TTS_ROPE(64, 2);
   } else if (head_dim == 64 && groups == 1) {
-    err = Q3TTS_SHORT(64, 1);
+    Q3TTS_ROPE(64, 1);
   } else {
     return cudaErrorInvalidValue;
   }
-#undef Q3TTS_SHORT
-  return err;
+#undef Q3TTS_ROPE
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  return merge_splits(out, workspace, batch * q_heads, head_dim, splits, stream);
 }
 
 }  // namespace q3tts

@@ -84,24 +84,33 @@ void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor
      "qk_norm_rope_cache");
 }
 
-void short_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm,
-                     at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
-                     at::Tensor v_cache, double eps, double scale) {
+int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_dim, int64_t max_len) {
+  return batch * q_heads * q3tts::decode_attention_splits(max_len, 64) * (head_dim + 2);
+}
+
+void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Tensor q, at::Tensor k, at::Tensor v,
+                    at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions,
+                    at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps, double scale) {
   check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
   check(out, "out", at::kBFloat16);
   TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel(), "out must be contiguous like q");
   const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
+  const int64_t q_heads = q.size(1) / head_dim;
+  float* ws = nullptr;
+  if (workspace.has_value()) {
+    check(*workspace, "workspace", at::kFloat);
+    TORCH_CHECK(workspace->numel() >= decode_attention_workspace(batch, q_heads, head_dim, k_cache.size(2)),
+                "workspace too small");
+    ws = workspace->data_ptr<float>();
+  }
+  TORCH_CHECK(ws != nullptr || k_cache.size(2) <= 64, "a cache of more than 64 positions needs a workspace");
   const c10::cuda::CUDAGuard guard(q.device());
-  ok(q3tts::short_attention(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
-                            v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                            positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr(),
-                            v_cache.data_ptr(), batch, q.size(1) / head_dim, kv_heads, head_dim, k_cache.size(2),
-                            static_cast<float>(eps), static_cast<float>(scale), stream()),
-     "short_attention");
-}
-
-int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_dim, int64_t max_len) {
-  return batch * q_heads * q3tts::decode_attention_splits(max_len, 64) * (head_dim + 2);
+  ok(q3tts::rope_attention(out.data_ptr(), ws, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
+                           v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                           positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr(),
+                           v_cache.data_ptr(), batch, q_heads, kv_heads, head_dim, k_cache.size(2),
+                           static_cast<float>(eps), static_cast<float>(scale), stream()),
+     "rope_attention");
 }
 
 void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
@@ -252,8 +261,9 @@ void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_be
 void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
             c10::optional<at::Tensor> suppress, c10::optional<at::Tensor> ban_count, int64_t ban_token,
             int64_t ban_below, at::Tensor greedy, at::Tensor temperature, at::Tensor top_k, at::Tensor top_p,
-            at::Tensor uniforms) {
-  check(logits, "logits", at::kFloat);
+            at::Tensor uniforms, c10::optional<at::Tensor> embed_table, c10::optional<at::Tensor> embed_out) {
+  TORCH_CHECK(logits.is_cuda() && (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
+              "logits must be a CUDA float32 or bfloat16 tensor");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "logits must be [rows, vocab]");
   const int64_t rows = logits.size(0);
   check(out, "out", at::kLong);
@@ -269,7 +279,8 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
   TORCH_CHECK(out.dim() == 1 && out.size(0) == rows, "out must be [rows]");
   TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == rows, "uniforms must be [rows]");
   q3tts::SamplingArgs a{};
-  a.logits = logits.data_ptr<float>();
+  a.logits = logits.data_ptr();
+  a.logits_bf16 = logits.scalar_type() == at::kBFloat16;
   a.logits_stride = logits.stride(0);
   a.vocab = logits.size(1);
   a.rows = rows;
@@ -300,6 +311,23 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
   a.uniforms_stride = uniforms.stride(0);
   a.out = out.data_ptr<int64_t>();
   a.out_stride = out.stride(0);
+  TORCH_CHECK(embed_table.has_value() == embed_out.has_value(), "embed_table and embed_out go together");
+  if (embed_table.has_value()) {
+    check(*embed_table, "embed_table", at::kBFloat16);
+    check(*embed_out, "embed_out", at::kBFloat16);
+    TORCH_CHECK(embed_table->dim() == 2 && embed_table->is_contiguous() && embed_table->size(0) == a.vocab &&
+                    embed_table->size(1) % 8 == 0,
+                "embed_table must be contiguous [vocab, width] with width a multiple of 8");
+    TORCH_CHECK(embed_out->dim() == 2 && embed_out->is_contiguous() && embed_out->size(0) == rows &&
+                    embed_out->size(1) == embed_table->size(1),
+                "embed_out must be contiguous [rows, width]");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(embed_table->data_ptr()) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(embed_out->data_ptr()) % 16 == 0,
+                "embed_table and embed_out must be 16-byte aligned");
+    a.embed_table = embed_table->data_ptr();
+    a.embed_out = embed_out->data_ptr();
+    a.embed_width = static_cast<int>(embed_table->size(1));
+  }
   const c10::cuda::CUDAGuard guard(logits.device());
   ok(q3tts::sample(a, stream()), "sample");
 }
@@ -315,7 +343,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qk_norm_rope_cache", &qk_norm_rope_cache);
   m.def("decode_attention_workspace", &decode_attention_workspace);
   m.def("decode_attention", &decode_attention);
-  m.def("short_attention", &short_attention);
+  m.def("rope_attention", &rope_attention);
   m.def("silu_mul", &silu_mul);
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);

@@ -31,14 +31,15 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
                              float scale, cudaStream_t stream);
 int decode_attention_splits(int max_len, int split_len);
 
-// qk_norm_rope_cache then decode_attention for a cache of at most 64 positions (one tile), in one kernel:
-// the new token's q/k are normed and roped, its K/V written to cache[slot, :, position], and out
-// [batch, q_heads, D] is the attention of its queries over positions 0..position. Bit-identical to the two.
-cudaError_t short_attention(void* out, const void* q, const void* k, const void* v, int q_stride, int k_stride,
-                            int v_stride, const void* q_norm, const void* k_norm, const void* cos, const void* sin,
-                            const int64_t* positions, const int64_t* slots, void* k_cache, void* v_cache,
-                            int batch, int q_heads, int kv_heads, int head_dim, int max_len, float eps,
-                            float scale, cudaStream_t stream);
+// qk_norm_rope_cache then decode_attention in one kernel (plus the merge kernel when max_len > 64), for
+// rows with distinct slots: the new token's q/k are normed and roped, its K/V written to
+// cache[slot, :, position], and out [batch, q_heads, D] is the attention of its queries over positions
+// 0..position. Bit-identical to the two. `workspace` as decode_attention's (may be null when max_len <= 64).
+cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
+                           int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
+                           const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
+                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
+                           float eps, float scale, cudaStream_t stream);
 
 // out = bf16(bf16(silu(gate)) * up), rows `*_stride` elements apart, `cols` wide.
 cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
@@ -70,8 +71,12 @@ cudaError_t snake_beta(void* out, const void* x, const void* freq, const void* i
 // engine/runtime/sampling.py: repetition penalty over `seen`, bans, greedy argmax (lowest index on ties),
 // temperature, top-k keeping ties, top-p over a stable ascending sort, then the inverse-CDF draw with the
 // row's uniform over w_i = exp(s_i - max) in index order with a float64 running sum.
+// With `embed_table`, the block also writes embed_table[chosen] (a bf16 [vocab, embed_width] table) to
+// row `row` of `embed_out`, so the next step's input needs no kernel of its own (zeros for an id outside
+// the table, which the float rules above never choose).
 struct SamplingArgs {
-  const float* logits;       // [rows, vocab] fp32, row stride logits_stride
+  const void* logits;        // [rows, vocab], row stride logits_stride: fp32, or bf16 when logits_bf16
+  bool logits_bf16;
   int logits_stride;
   int vocab;
   int rows;
@@ -90,6 +95,9 @@ struct SamplingArgs {
   int uniforms_stride;
   int64_t* out;              // [rows], row stride out_stride
   int out_stride;
+  const void* embed_table;   // bf16 [vocab, embed_width] or null
+  void* embed_out;           // bf16 [rows, embed_width] contiguous
+  int embed_width;           // a multiple of 8
 };
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream);
 

@@ -139,7 +139,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
   const int vocab = a.vocab;
-  const float* logits = a.logits + static_cast<int64_t>(row) * a.logits_stride;
+  const int64_t logits_row = static_cast<int64_t>(row) * a.logits_stride;
+  const float* logits = static_cast<const float*>(a.logits) + logits_row;
+  const bf16* logits_bf16 = static_cast<const bf16*>(a.logits) + logits_row;
   const uint8_t* seen = a.seen != nullptr ? a.seen + static_cast<int64_t>(row) * a.seen_stride : nullptr;
   const float penalty = a.penalty != nullptr ? a.penalty[row] : 1.0f;
   const int ban_extra =
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     const int i = tid * kPerThread + j;
     float x = -CUDART_INF_F;
     if (i < vocab) {
-      x = logits[i];
+      x = a.logits_bf16 ? to_f(logits_bf16[i]) : logits[i];
       if (seen != nullptr && seen[i]) x = x < 0.0f ? x * penalty : x / penalty;
       if ((a.suppress != nullptr && a.suppress[i]) || i == ban_extra) x = -CUDART_INF_F;
     }
@@ -288,6 +290,23 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     chosen = min(first, last_nonzero);
   }
   if (tid == 0) a.out[static_cast<int64_t>(row) * a.out_stride] = chosen;
+  if (a.embed_table != nullptr) {
+    // `chosen` is the same in every thread (block reductions), so the block copies one table row.
+    const int vecs = a.embed_width / 8;
+    Bf16x8* dst = static_cast<Bf16x8*>(a.embed_out) + static_cast<int64_t>(row) * vecs;
+    const bool inside = chosen >= 0 && chosen < vocab;
+    const Bf16x8* src = static_cast<const Bf16x8*>(a.embed_table) + (inside ? chosen : 0) * vecs;
+    for (int c = tid; c < vecs; c += kThreads) {
+      Bf16x8 v{};
+      if (inside) {
+        v = src[c];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v.v[j] = to_bf(0.0f);
+      }
+      dst[c] = v;
+    }
+  }
 }
 
 }  // namespace
