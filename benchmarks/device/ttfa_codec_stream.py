@@ -1,5 +1,6 @@
-"""A/B of time to first audio and one-stream RTF with the codec graphs on their own (high-priority) CUDA
-stream, as shipped, and on the engine's main stream, on a full random snapshot, in one process.
+"""A/B of time to first audio and one-stream RTF with the codec graphs on their own high-priority CUDA stream,
+as shipped, on a stream of their own at the frames' (default) priority, and on the engine's main stream, on a
+full random snapshot, in one process; the frame loop alone (`generate_codes`, no codec) is the ceiling.
 
 The first packet's path is timed in parts too (prefill, then the 1-frame packet's decode), so a difference
 shows where it comes from. Variants alternate run by run, so drift hits both alike.
@@ -68,16 +69,26 @@ def main() -> int:
         backend = engine.codec_backend
         assert backend is not None
         own_stream = backend.stream
-        samples: dict[str, dict[str, list[float]]] = {"own_stream": {}, "main_stream": {}}
+        streams = {
+            "own_stream": own_stream,
+            "own_stream_default_priority": torch.cuda.Stream(priority=0),
+            "main_stream": torch.cuda.current_stream(),
+        }
+        samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in [*streams, "frame_loop"]}
         for run in range(RUNS + 1):
-            for variant in samples:
-                backend.stream = own_stream if variant == "own_stream" else torch.cuda.current_stream()
+            for variant, stream in streams.items():
+                backend.stream = stream
                 parts = first_packet_parts(engine, seed=run)
                 ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
                 if run == 0:
                     continue  # warm-up
                 for key, value in {**parts, "synthesize_ttfa_ms": ttfa, "synthesize_rtf": rtf}.items():
                     samples[variant].setdefault(key, []).append(value)
+            start = time.perf_counter()
+            codes = engine.generate_codes(make_request(48, seed=100 + run))
+            if run:
+                loop_rtf = (time.perf_counter() - start) / (codes.shape[0] * FRAME_SECONDS)
+                samples["frame_loop"].setdefault("generate_codes_rtf", []).append(loop_rtf)
         backend.stream = own_stream
         medians = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in samples.items()}
         result["modes"][mode] = {"median": medians, "samples": samples}

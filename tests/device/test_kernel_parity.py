@@ -55,10 +55,18 @@ def test_rms_norm(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyp
     ulp_close(out, expected)
 
 
-def rope_inputs(batch: int, heads: int, kv_heads: int, dim: int, max_len: int) -> tuple[torch.Tensor, ...]:
+def rope_inputs(
+    batch: int, heads: int, kv_heads: int, dim: int, max_len: int, exact_sums: bool = False
+) -> tuple[torch.Tensor, ...]:
     """One new token per row for the rope ops: q, k, v (views of one fused qkv row), the q/k norm weights and
-    the cos/sin tables of `max_len` positions."""
-    qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)
+    the cos/sin tables of `max_len` positions. With `exact_sums` the q/k/v values are multiples of 0.5 in
+    [-2, 2]: their squares are multiples of 0.25 whose fp32 sum over a head is exact in any order, so a norm
+    reduced in another order than the reference's gives the same bits."""
+    width = (heads + 2 * kv_heads) * dim
+    if exact_sums:
+        qkv = (torch.randint(-4, 5, (batch, width), device="cuda") * 0.5).to(BF16)
+    else:
+        qkv = torch.randn(batch, width, device="cuda", dtype=BF16)
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
     qn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
     kn = (1 + 0.1 * torch.randn(dim, device="cuda")).to(BF16)
@@ -66,19 +74,30 @@ def rope_inputs(batch: int, heads: int, kv_heads: int, dim: int, max_len: int) -
     return q, k, v, qn, kn, cos, sin
 
 
+@pytest.mark.parametrize("exact_sums", [True, False])
 @pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 16, 8, 128), (64, 16, 8, 128), (5, 16, 16, 64)])
-def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int) -> None:  # type: ignore[no-untyped-def]
+def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int, exact_sums: bool) -> None:  # type: ignore[no-untyped-def]
+    """The kernel rounds as the reference does; only the fp32 sum of squares of the norm is added in another
+    order. Where that sum is exact in any order the results are bit-identical. Elsewhere a 1-ulp change of
+    a normed value can move a rotated one (a sum of two rounded products) by more than 1 ulp of its own
+    when the products cancel, so the gate is: nearly all identical, relative L2 within 1/256."""
+    torch.manual_seed(100 + batch + dim)
     slots_total, max_len = batch + 3, 300
-    q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
+    q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len, exact_sums)
     positions = torch.randint(0, max_len, (batch,), device="cuda")
     slots = torch.randperm(slots_total, device="cuda")[:batch]
     poison = torch.full((slots_total, kv_heads, max_len, dim), float("nan"), device="cuda", dtype=BF16)
     k1, v1, k2, v2 = poison.clone(), poison.clone(), poison.clone(), poison.clone()
     q_kernel = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6)
     q_ref = reference.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
-    ulp_close(q_kernel, q_ref)
     written_k1, written_k2 = k1[slots, :, positions], k2[slots, :, positions]
-    ulp_close(written_k1, written_k2)
+    for got, expected in ((q_kernel, q_ref), (written_k1, written_k2)):
+        assert not torch.isnan(got.float()).any()
+        if exact_sums:
+            assert torch.equal(got, expected)
+        else:
+            assert float((got == expected).float().mean()) >= 0.99
+            assert rel(got, expected) <= 2**-8
     assert torch.equal(v1[slots, :, positions], v2[slots, :, positions])
     untouched = torch.ones(slots_total, max_len, dtype=torch.bool, device="cuda")
     untouched[slots, positions] = False
