@@ -85,7 +85,7 @@ fi
 if want bench; then
   phase "qwen3-tts bench" "$(left)"
   timeout "$(cap 100000)" python3 -m qwen3_tts_native bench --model "$SNAPSHOT" --out-dir "$RESULTS" \
-    --modes "${BENCH_MODES:-exact,fast}" --frames "${BENCH_FRAMES:-64}" --runs 2 --ttfa-runs 10 \
+    --modes "${BENCH_MODES:-exact,fast}" --frames "${BENCH_FRAMES:-64}" --runs "${BENCH_RUNS:-5}" --ttfa-runs 10 \
     --concurrency 1,3,6,16,64 --concurrency-frames "${BENCH_CONC_FRAMES:-32}" --level-timeout-s 30 \
     --peers "${BENCH_PEERS:-faster,official}" --peer-frames 64 --peer-timeout-s 150 \
     --peer-pythonpath "faster=/tmp/site_faster:/tmp/site_common" \
