@@ -137,7 +137,8 @@ class CodecGraphs:
         bucket = self._bucket(batch)
         packet = self._packet(bucket, frames)
         packet.codes[:batch].copy_(codes, non_blocking=True)
-        index = torch.tensor(slots + [self.scratch] * (bucket - batch), dtype=torch.int64)
+        # From pinned memory: a pageable copy would wait for the stream, i.e. for earlier decodes.
+        index = torch.tensor(slots + [self.scratch] * (bucket - batch), dtype=torch.int64).pin_memory()
         packet.index.copy_(index, non_blocking=True)
         packet.graph.replay()
         return packet.wave[:batch].clone()

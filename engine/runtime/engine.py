@@ -61,6 +61,21 @@ class PendingStep:
     ready: torch.cuda.Event | None
 
 
+@dataclass(frozen=True)
+class PendingDecode:
+    """Enqueued packet decodes of `count` sessions: per batch, the sessions' indices and their waveforms
+    [B, samples] on their way to the host (pinned memory on CUDA), there once `ready` (None on CPU) has
+    completed."""
+
+    count: int
+    batches: tuple[tuple[tuple[int, ...], Tensor], ...]
+    ready: torch.cuda.Event | None
+
+    def done(self) -> bool:
+        """Whether `collect_decode` would return without waiting."""
+        return self.ready is None or self.ready.query()
+
+
 class VoiceDesignEngine:
     """Owns the weights, the talker KV pool (one slot per live session) and the speech decoder.
 
@@ -361,9 +376,18 @@ class VoiceDesignEngine:
         """Frames [n, 16] -> PCM16 LE, continuing the session's codec stream."""
         return self.decode_packets([session], [frames])[0]
 
-    @torch.no_grad()
     def decode_packets(self, sessions: list[Session], frames: list[Tensor]) -> list[bytes]:
         """`decode_packet` for several sessions at once: frames[i] [n_i, 16] continues sessions[i]'s stream.
+
+        `collect_decode(launch_decode(...))`: see there."""
+        return self.collect_decode(self.launch_decode(sessions, frames))
+
+    @torch.no_grad()
+    def launch_decode(self, sessions: list[Session], frames: list[Tensor]) -> PendingDecode:
+        """Enqueue the decode of one packet per session (frames[i] [n_i, 16] continues sessions[i]'s codec
+        stream) and the copy of the waveforms to the host, without waiting: on CUDA the codec runs on its own
+        stream while the caller launches frames; `collect_decode` waits and returns the PCM. Packets of one
+        session are decoded in launch order.
 
         On CUDA, sessions whose packets have the same frame count are decoded as one batch (one graph
         replay with a codec backend, one batched forward over `CodecStreamState.cat` without), and the
@@ -381,16 +405,32 @@ class VoiceDesignEngine:
             if session.released or (self.codec_backend is None and session.codec_state is None):
                 raise EngineError("decode_packets needs live sessions")
         groups: dict[int, list[int]] = {}
-        batched = self.device.type == "cuda"
+        cuda = self.device.type == "cuda"
         for index, packet in enumerate(frames):
-            groups.setdefault(packet.shape[0] if batched else index, []).append(index)
-        out: list[bytes] = [b""] * len(sessions)
-        with fp32_codec() if self.device.type == "cuda" else nullcontext(), self._codec_stream(frames):
+            groups.setdefault(packet.shape[0] if cuda else index, []).append(index)
+        batches = []
+        ready = None
+        with fp32_codec() if cuda else nullcontext(), self._codec_stream(frames):
             for members in groups.values():
-                codes = torch.stack([frames[i] for i in members]).to(self.device).transpose(1, 2)
-                wave = self._decode_batch([sessions[i] for i in members], codes).cpu()
-                for row, index in enumerate(members):
-                    out[index] = float_to_pcm16(wave[row])
+                stacked = torch.stack([frames[i] for i in members])
+                codes = (stacked if stacked.is_cuda else self._upload(stacked)).transpose(1, 2)
+                wave = self._decode_batch([sessions[i] for i in members], codes)
+                host = torch.empty(wave.shape, dtype=wave.dtype, pin_memory=cuda)
+                host.copy_(wave, non_blocking=cuda)
+                batches.append((tuple(members), host))
+            if cuda:
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(self.device))
+        return PendingDecode(len(sessions), tuple(batches), ready)
+
+    def collect_decode(self, pending: PendingDecode) -> list[bytes]:
+        """Wait for a launched decode; the PCM16 LE packets in the order of its sessions."""
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        out: list[bytes] = [b""] * pending.count
+        for members, wave in pending.batches:
+            for row, index in enumerate(members):
+                out[index] = float_to_pcm16(wave[row])
         return out
 
     def _codec_stream(self, frames: list[Tensor]) -> AbstractContextManager[object]:

@@ -220,12 +220,17 @@ def measure_single(engine: Any, frames: int, runs: int) -> dict[str, Any]:
     return {"frames": produced, "rtf": summarize(rtfs), "frame_loop_rtf": summarize(loop_rtfs)}
 
 
-def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> dict[str, Any]:
-    """Lockstep: all streams arrive at t0 and are prefilled in one `prefill_many` call (their first packets
-    decoded in one `decode_packets` call), then stepped together, one step in flight (the next is launched
-    before the last is collected, as the server does); 1-frame first packet, then 4-frame packets; the
-    packets due after a step are decoded in one `decode_packets` call (batched across sessions). Per-stream
-    RTF counts from t0; `steps` counts the steps collected."""
+def run_concurrent(
+    engine: Any, streams: int, frames: int, timeout_s: float, decode_ahead: bool = True
+) -> dict[str, Any]:
+    """Lockstep: all streams arrive at t0 and are prefilled in one `prefill_many` call, then stepped
+    together, one step in flight (the next is launched before the last is collected, as the server does);
+    1-frame first packet, then 4-frame packets. The packets due after a step are decoded in one
+    `launch_decode` call (batched across sessions, on the codec's stream) and collected once done, so frames
+    go on while the codec works; a packet's audio counts when its PCM is on the host. Per-stream RTF counts
+    from t0 to the stream's last PCM; `steps` counts the steps collected; `codec_s` is the host's time in
+    decode calls (launch, and the final wait). `decode_ahead=False` waits for each decode at once instead
+    (the server scheduler's way; benchmarks/device/decode_ahead_ab.py compares the two)."""
     import torch
 
     sessions = [engine.start_session(make_request(frames, seed=1000 + i)) for i in range(streams)]
@@ -233,29 +238,46 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
     packets = dict.fromkeys(range(streams), 0)
     audio = dict.fromkeys(range(streams), 0)
     finished_at: dict[int, float] = {}
+    decoding: list[tuple[Any, list[tuple[int, int]], list[int]]] = []  # (pending, (stream, frames), finals)
     codec_s = 0.0
     start = time.perf_counter()
     deadline = start + timeout_s
 
-    def flush(due: list[tuple[int, bool]]) -> None:
-        """Decode the packets that are due, all sessions in one call."""
+    def launch_packets(due: list[tuple[int, bool]]) -> None:
+        """Enqueue the decode of the packets that are due, all sessions in one call."""
         nonlocal codec_s
         ready = [
             i
             for i, final in due
             if buffers[i] and (final or len(buffers[i]) >= (1 if packets[i] == 0 else 4))
         ]
-        if ready:
-            t = time.perf_counter()
-            engine.decode_packets([sessions[i] for i in ready], [torch.stack(buffers[i]) for i in ready])
-            codec_s += time.perf_counter() - t
+        finals = [i for i, final in due if final]
+        if not ready:
+            decoding.append((None, [], finals))
+            return
+        t = time.perf_counter()
+        pending = engine.launch_decode([sessions[i] for i in ready], [torch.stack(buffers[i]) for i in ready])
+        codec_s += time.perf_counter() - t
+        decoding.append((pending, [(i, len(buffers[i])) for i in ready], finals))
         for i in ready:
-            audio[i] += len(buffers[i])
             packets[i] += 1
             buffers[i] = []
-        now = time.perf_counter()
-        for i, final in due:
-            if final:
+        if not decode_ahead:
+            collect_packets(wait=True)
+
+    def collect_packets(wait: bool) -> None:
+        """Take the decodes that are done, in launch order (all of them when `wait`)."""
+        nonlocal codec_s
+        while decoding and (wait or decoding[0][0] is None or decoding[0][0].done()):
+            pending, counts, finals = decoding.pop(0)
+            if pending is not None:
+                t = time.perf_counter()
+                engine.collect_decode(pending)
+                codec_s += time.perf_counter() - t
+            for i, n in counts:
+                audio[i] += n
+            now = time.perf_counter()
+            for i in finals:
                 finished_at[i] = now
 
     truncated = False
@@ -264,21 +286,21 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
         for index, result in enumerate(first):
             if result.codes is not None:
                 buffers[index].append(result.codes)
-        flush([(index, result.finish_reason is not None) for index, result in enumerate(first)])
+        launch_packets([(index, result.finish_reason is not None) for index, result in enumerate(first)])
         active = [index for index, result in enumerate(first) if result.finish_reason is None]
         steps = 0
-        pending: tuple[list[int], Any] | None = None
+        pending_step: tuple[list[int], Any] | None = None
         while active:
             if time.perf_counter() > deadline:
                 truncated = True
                 break
             launch = [i for i in active if engine.can_launch(sessions[i])]
             following = (launch, engine.launch_step([sessions[i] for i in launch])) if launch else None
-            if pending is None:
-                pending = following
+            if pending_step is None:
+                pending_step = following
                 continue
-            stepped, results = pending[0], engine.collect_step(pending[1])
-            pending = following
+            stepped, results = pending_step[0], engine.collect_step(pending_step[1])
+            pending_step = following
             steps += 1
             still, due = [], []
             for index, result in zip(stepped, results, strict=True):
@@ -290,8 +312,10 @@ def run_concurrent(engine: Any, streams: int, frames: int, timeout_s: float) -> 
                 due.append((index, done))
                 if not done:
                     still.append(index)
-            flush(due)
+            launch_packets(due)
+            collect_packets(wait=False)
             active = still
+        collect_packets(wait=True)
     finally:
         for session in sessions:
             engine.release(session)

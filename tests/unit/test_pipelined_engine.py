@@ -272,3 +272,50 @@ def test_a_slot_reused_under_a_frame_in_flight_starts_clean(
     engine.release(second)
     solo = make_engine(tiny_voice_design_config, tiny_eos_tensors, slots=1)
     assert torch.equal(torch.stack(frames), stepped(solo, REQUESTS[3], PLANS[3])[0])
+
+
+def test_decodes_launched_ahead_give_the_bytes_of_decoding_one_by_one(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, Tensor]
+) -> None:
+    """Several `launch_decode` calls in flight before any is collected (packets of two sessions, each
+    continuing its own codec stream) give the PCM of decoding the packets one at a time, in order."""
+    config = tiny_voice_design_config
+    decoder = SpeechDecoder.from_tensors(config.speech_decoder, decoder_tensors(config.speech_decoder, 3))
+    engine = make_engine(config, tiny_tensors, decoder=decoder)
+    codes = [stepped(engine, REQUESTS[i], PLANS[i])[0][:9] for i in (0, 1)]
+    cuts = [(0, 1), (1, 5), (5, 9)]
+    sessions = [engine.open_session(REQUESTS[i], PLANS[i]) for i in (0, 1)]
+    launched = [engine.launch_decode(sessions, [c[a:b] for c in codes]) for a, b in cuts]
+    got = [engine.collect_decode(pending) for pending in launched]
+    for session in sessions:
+        engine.release(session)
+    references = [engine.open_session(REQUESTS[i], PLANS[i]) for i in (0, 1)]
+    expected = [
+        [engine.decode_packet(s, c[a:b]) for s, c in zip(references, codes, strict=True)] for a, b in cuts
+    ]
+    assert got == expected
+    assert all(len(pcm) == 2 * 1920 * (b - a) for (a, b), row in zip(cuts, got, strict=True) for pcm in row)
+
+
+def test_bench_lockstep_accounts_every_frame_with_decodes_in_flight(
+    tiny_voice_design_config: VoiceDesignConfig,
+    tiny_eos_tensors: dict[str, Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`qwen3-tts bench`'s concurrency level on CPU, decodes collected once done: every frame the sessions
+    generate (as their solo runs do; some end by EOS) is counted as audio, once."""
+    from qwen3_tts_native.commands.bench import FRAME_SECONDS, make_request, run_concurrent
+
+    config = tiny_voice_design_config
+    decoder = SpeechDecoder.from_tensors(config.speech_decoder, decoder_tensors(config.speech_decoder, 3))
+    engine = make_engine(config, tiny_eos_tensors, decoder=decoder)
+    monkeypatch.setattr(engine, "start_session", lambda request: engine.open_session(request, PLANS[0]))
+    streams, frames = 3, 7
+    expected = sum(
+        stepped(engine, make_request(frames, seed=1000 + i), PLANS[0])[0].shape[0] for i in range(streams)
+    )
+    result = run_concurrent(engine, streams, frames, timeout_s=600)
+    assert not result["truncated"]
+    assert result["audio_s"] == pytest.approx(expected * FRAME_SECONDS)
+    assert result["per_stream_rtf"]["n"] == streams
+    assert engine.free_slots == 4

@@ -1,0 +1,65 @@
+"""A/B of the bench's lockstep concurrency levels with the codec decodes collected once done (frames go on
+while the codec works; `qwen3-tts bench` as shipped) and waited for at once (the server scheduler's way), on a
+full random snapshot, in one process, alternating run by run.
+
+Usage: python benchmarks/device/decode_ahead_ab.py --model SNAPSHOT --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
+from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+
+RUNS = 3
+FRAMES = 32
+
+
+def main() -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--modes", default="exact,fast")
+    parser.add_argument("--streams", default="16,64")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    timing_model = zero_eos_copy(args.model)
+    levels = [int(s) for s in args.streams.split(",") if s]
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    for mode in [m for m in args.modes.split(",") if m]:
+        engine = VoiceDesignEngine.load(
+            timing_model,
+            device="cuda",
+            dtype=torch.bfloat16,
+            max_sessions=max(levels),
+            max_context=512,
+            mode=mode,
+        )
+        samples: dict[str, dict[str, list[float]]] = {}
+        for streams in levels:
+            run_concurrent(engine, streams, FRAMES, 60)  # warm every packet size of this bucket
+            for _ in range(RUNS):
+                for ahead in (True, False):
+                    level = run_concurrent(engine, streams, FRAMES, 60, decode_ahead=ahead)
+                    key = f"{streams}_streams_{'ahead' if ahead else 'blocking'}"
+                    for name in ("aggregate_rtf", "worst_stream_rtf", "wall_s", "codec_s"):
+                        samples.setdefault(key, {}).setdefault(name, []).append(level[name])
+        medians = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in samples.items()}
+        result["modes"][mode] = {"median": medians, "samples": samples}
+        print(mode, json.dumps(medians, indent=1), flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    (args.out / "decode-ahead-ab.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
