@@ -240,15 +240,21 @@ def test_rms_norm_linear_is_the_norm_then_the_gemv(  # type: ignore[no-untyped-d
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("batch,channels,length", [(1, 96, 1920), (64, 1536, 4), (3, 768, 32), (5, 192, 640)])
-@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "slice", "channel_major"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
-    ext, dtype: torch.dtype, batch: int, channels: int, length: int, strided: bool, with_bias: bool
+    ext, dtype: torch.dtype, batch: int, channels: int, length: int, layout: str, with_bias: bool
 ) -> None:
-    """Shapes of the codec's SnakeBeta inputs; `strided` is a slice of a longer signal, like the trimmed
-    transposed-conv output the first residual unit of each block gets."""
+    """Shapes of the codec's SnakeBeta inputs, in the layouts it meets: contiguous rows (the vector path when
+    a row is a multiple of 8 long), a slice of a longer signal (misaligned: the element path), and the
+    channel-major [C, B, T] storage of the GEMM convs' outputs."""
     x = torch.randn(batch, channels, length + 7, device="cuda", dtype=dtype) * 3
-    x = x[..., 3 : 3 + length] if strided else x[..., :length].contiguous()
+    if layout == "slice":
+        x = x[..., 3 : 3 + length]
+    elif layout == "channel_major":
+        x = x[..., :length].permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    else:
+        x = x[..., :length].contiguous()
     frequency = (0.3 * torch.randn(channels, device="cuda")).exp().to(dtype)
     inverse_beta = 1.0 / ((0.3 * torch.randn(channels, device="cuda")).exp() + 1e-9).to(dtype)
     bias = (0.1 * torch.randn(channels, device="cuda")).to(dtype) if with_bias else None

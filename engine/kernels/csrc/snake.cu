@@ -46,6 +46,40 @@ __global__ void snake_beta_kernel(T* __restrict__ out, const T* __restrict__ x, 
   }
 }
 
+// Eight consecutive time steps of one (batch, channel) row per thread, moved as 16-byte vectors: for rows
+// that are contiguous in time, a multiple of 8 long and 16-byte aligned (the codec's channel-major GEMM
+// outputs). The same per-element arithmetic as snake_beta_kernel, so the same bits; one index division per
+// eight elements instead of three per element, and a quarter (fp32) or an eighth (bf16) of the accesses.
+template <typename T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+template <typename T>
+__global__ void snake_beta_rows_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ freq,
+                                       const T* __restrict__ inv_beta, const T* __restrict__ bias, int64_t vecs,
+                                       int channels, int length, int64_t batch_stride, int64_t channel_stride) {
+  begin_dependent_kernel();
+  const int per_row = length / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(i / per_row);
+    const int t0 = static_cast<int>(i - static_cast<int64_t>(row) * per_row) * 8;
+    const int c = row % channels;
+    const int b = row / channels;
+    Pack8<T> v = *reinterpret_cast<const Pack8<T>*>(x + b * batch_stride + c * channel_stride + t0);
+    const T f = load(freq + c), beta = load(inv_beta + c);
+    Pack8<T> o;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      T e = v.v[j];
+      if (bias != nullptr) e = add(e, load(bias + c));
+      store(&o.v[j], snake(e, f, beta));
+    }
+    *reinterpret_cast<Pack8<T>*>(out + static_cast<int64_t>(row) * length + t0) = o;
+  }
+}
+
 template <typename T>
 cudaError_t launch(void* out, const void* x, const void* freq, const void* inv_beta, const void* bias,
                    int64_t batch, int64_t channels, int64_t length, int64_t batch_stride, int64_t channel_stride,
@@ -54,6 +88,17 @@ cudaError_t launch(void* out, const void* x, const void* freq, const void* inv_b
   if (total == 0) return cudaSuccess;
   if (total > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit index math, with room to step
   const int threads = 256;
+  const bool rows = time_stride == 1 && length % 8 == 0 && batch_stride % 8 == 0 && channel_stride % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (rows) {
+    const int64_t vecs = total / 8;
+    const int64_t vec_blocks = (vecs + threads - 1) / threads;
+    launch_kernel(snake_beta_rows_kernel<T>, dim3(static_cast<int>(vec_blocks < 65535 ? vec_blocks : 65535)),
+                  dim3(threads), stream, static_cast<T*>(out), static_cast<const T*>(x),
+                  static_cast<const T*>(freq), static_cast<const T*>(inv_beta), static_cast<const T*>(bias), vecs,
+                  static_cast<int>(channels), static_cast<int>(length), batch_stride, channel_stride);
+    return cudaGetLastError();
+  }
   const int64_t blocks = (total + threads - 1) / threads;
   const int grid = static_cast<int>(blocks < 65535 ? blocks : 65535);
   launch_kernel(snake_beta_kernel<T>, dim3(grid), dim3(threads), stream,
