@@ -4,9 +4,11 @@
 
 For each mode, the frame graph of bucket 1 is captured once per variant and replayed back to back (no host
 work), so the differences are the GPU's alone. A torch-profiler kernel table of the frame (plain launches)
-goes to --out too.
+goes to --out too. `--max-context` sizes the talker cache (the attention grid follows it; the server's
+default is 4096), so two runs show what a longer cache costs a frame at the same position.
 
 Usage: python benchmarks/device/frame_variants.py --model SNAPSHOT --out DIR [--gemm-min-rows exact=3,fast=2]
+       [--max-context 4096]
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--modes", default="exact,fast")
     parser.add_argument(
+        "--max-context",
+        type=int,
+        default=512,
+        help="talker positions per session (the server's default is 4096)",
+    )
+    parser.add_argument(
         "--gemm-min-rows",
         default="",
         help="an extra variant per mode with this crossover, e.g. exact=3,fast=2 (dependent launch on)",
@@ -56,9 +64,19 @@ def main() -> int:
     crossovers = dict(item.split("=") for item in args.gemm_min_rows.split(",") if item)
     timing_model = zero_eos_copy(args.model)
     base = VoiceDesignEngine.load(
-        timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1, max_context=512, accelerate=False
+        timing_model,
+        device="cuda",
+        dtype=torch.bfloat16,
+        max_sessions=1,
+        max_context=args.max_context,
+        accelerate=False,
     )
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "max_context": args.max_context,
+        "modes": {},
+    }
     tables = []
     for mode_name in [m for m in args.modes.split(",") if m]:
         mode = resolve_mode(mode_name)
@@ -90,8 +108,9 @@ def main() -> int:
                 backend.release_graphs()
         result["modes"][mode_name] = figures
         print(mode_name, json.dumps(figures, indent=1), flush=True)
-    (args.out / "frame-variants.json").write_text(json.dumps(result, indent=2))
-    (args.out / "frame-variants-kernels.txt").write_text("\n".join(tables))
+    suffix = "" if args.max_context == 512 else f"-context{args.max_context}"
+    (args.out / f"frame-variants{suffix}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"frame-variants-kernels{suffix}.txt").write_text("\n".join(tables))
     return 0
 
 

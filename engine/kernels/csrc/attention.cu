@@ -154,14 +154,9 @@ __global__ void __launch_bounds__(kThreads)
   // One split (the predictor's short caches): normalise here and skip the merge kernel. The merge of one
   // split computes fmaf(acc, 1, 0) / fmaf(l, 1, 0), i.e. (acc + 0) / l, so this is the same result.
   bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
-  if (count <= 0) {
+  if (count <= 0) {  // a split past the row's length: the merge reads only the live ones
     if (single != nullptr) {
       for (int i = tid; i < G * D; i += kThreads) single[i] = to_bf(0.0f);
-      return;
-    }
-    for (int i = tid; i < G * (D + 2); i += kThreads) {
-      const int g = i / (D + 2), j = i % (D + 2);
-      part[g * part_head + j] = j == D ? -CUDART_INF_F : 0.0f;
     }
     return;
   }
@@ -213,13 +208,7 @@ __global__ void __launch_bounds__(kThreads)
   float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
   const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
   bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
-  if (count <= 0) {  // a split past the row's length (the grid is sized for max_len)
-    for (int i = tid; i < G * (D + 2); i += kThreads) {
-      const int g = i / (D + 2), j = i % (D + 2);
-      part[g * part_head + j] = j == D ? -CUDART_INF_F : 0.0f;
-    }
-    return;
-  }
+  if (count <= 0) return;  // a split past the row's length (the grid is sized for max_len): nothing to merge
   const int fresh = pos - start;  // the new token's row in this split's tile, when < kTile
   const int64_t slot = slots[b];
   const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
@@ -257,17 +246,22 @@ __global__ void __launch_bounds__(kThreads)
   attend_tile<D, G>(t, count, single, part, part_head);
 }
 
+// The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
+// work follows the real length, not max_len.
 template <int D>
-__global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits) {
+__global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits,
+                                       const int64_t* __restrict__ lengths, int offset, int q_heads) {
   begin_dependent_kernel();
   const int row_head = blockIdx.x;  // b * q_heads + h
+  const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;
+  const int live = min(num_splits, (len + kTile - 1) / kTile);
   const float* part = ws + static_cast<int64_t>(row_head) * num_splits * (D + 2);
   float m = -CUDART_INF_F;
-  for (int s = 0; s < num_splits; ++s) m = fmaxf(m, part[s * (D + 2) + D]);
+  for (int s = 0; s < live; ++s) m = fmaxf(m, part[s * (D + 2) + D]);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float num = 0.0f, den = 0.0f;
     if (m != -CUDART_INF_F) {
-      for (int s = 0; s < num_splits; ++s) {
+      for (int s = 0; s < live; ++s) {
         const float ms = part[s * (D + 2) + D];
         if (ms == -CUDART_INF_F) continue;
         const float f = expf(ms - m);
@@ -280,12 +274,15 @@ __global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __re
 }
 
 // Pass 2: one block per (row, query head) merges the splits' partials into out.
-cudaError_t merge_splits(void* out, const float* workspace, int row_heads, int head_dim, int splits,
-                         cudaStream_t stream) {
+cudaError_t merge_splits(void* out, const float* workspace, int batch, int q_heads, int head_dim, int splits,
+                         const int64_t* lengths, int offset, cudaStream_t stream) {
+  const dim3 grid(batch * q_heads);
   if (head_dim == 128) {
-    launch_kernel(attention_merge_kernel<128>, dim3(row_heads), dim3(128), stream, static_cast<bf16*>(out), workspace, splits);
+    launch_kernel(attention_merge_kernel<128>, grid, dim3(128), stream, static_cast<bf16*>(out), workspace, splits,
+                  lengths, offset, q_heads);
   } else {
-    launch_kernel(attention_merge_kernel<64>, dim3(row_heads), dim3(64), stream, static_cast<bf16*>(out), workspace, splits);
+    launch_kernel(attention_merge_kernel<64>, grid, dim3(64), stream, static_cast<bf16*>(out), workspace, splits,
+                  lengths, offset, q_heads);
   }
   return cudaGetLastError();
 }
@@ -325,7 +322,7 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
 #undef Q3TTS_SPLIT
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
-  return merge_splits(out, workspace, batch * q_heads, head_dim, splits, stream);
+  return merge_splits(out, workspace, batch, q_heads, head_dim, splits, lengths, 0, stream);
 }
 
 cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
@@ -360,7 +357,7 @@ cudaError_t rope_attention(void* out, float* workspace, const void* q, const voi
 #undef Q3TTS_ROPE
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
-  return merge_splits(out, workspace, batch * q_heads, head_dim, splits, stream);
+  return merge_splits(out, workspace, batch, q_heads, head_dim, splits, positions, 1, stream);
 }
 
 }  // namespace q3tts
