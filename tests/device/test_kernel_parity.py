@@ -180,9 +180,10 @@ def test_silu_mul_bit_identical(ext, rows: int, cols: int) -> None:  # type: ign
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 16, 37, 64])
-@pytest.mark.parametrize("k,m", [(2048, 4096), (1024, 3072), (3072, 1024), (2048, 3072)])
+@pytest.mark.parametrize("k,m", [(2048, 4096), (1024, 3072), (3072, 1024), (2048, 3072), (6144, 2048)])
 @pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
 def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """The GEMV against the reference; (3072, 1024) takes four warps a row and (6144, 2048) two."""
     x = torch.randn(n, k, device="cuda", dtype=BF16)
     w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
     bias = (0.1 * torch.randn(m, device="cuda")).to(BF16) if m == 3072 else None

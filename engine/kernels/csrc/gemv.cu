@@ -1,8 +1,9 @@
 // Weight-streaming GEMV/skinny GEMM for decode: y[n, m] = x[n, k] @ W[m, k]^T (* per-row scale) (+ bias).
-// One warp per output row; each lane streams 16-byte weight chunks (8 bf16 or 16 8-bit values), several in
-// flight, and applies them to a tile of up to 16 activation rows read through L1. The per-row reduction
-// order (lane -> chunk mapping, then a fixed butterfly) does not depend on n or on the tile split, so a
-// row's result is the same whatever batch it is in. The SwiGLU variant computes the gate and up rows of the
+// One warp per output row (2 or 4 for weights of few, long rows: see gemv_kernel); each lane streams 16-byte
+// weight chunks (8 bf16 or 16 8-bit values), several in flight, and applies them to a tile of up to 16
+// activation rows read through L1. The per-row reduction order (lane -> chunk mapping, then a fixed
+// butterfly, then the warps of a row in order) depends on the weight's shape only, not on n or on the tile
+// split, so a row's result is the same whatever batch it is in. The SwiGLU variant computes the gate and up rows of the
 // fused gate/up weight in one warp and writes only SiLU(gate) * up (the decoder block's MLP input). With an
 // InputNorm, each block first norms its (residual + delta) activation rows into shared memory, so the RMSNorm
 // before a decoder block's qkv and gate/up projections needs no kernel (and no dependency) of its own.
@@ -69,42 +70,39 @@ struct Chunk<WeightKind::kFp8E4M3> {
   }
 };
 
-// One batch of this lane's weight chunks (base, base + 32, ...; kUnroll of them) of each of the R rows.
-template <int R>
+// One batch of this lane's weight chunks (base, base + 32 * S, ...; kUnroll of them) of each of the R rows.
+template <int R, int S>
 __device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint4* const (&rows)[R], int base,
                                             int chunks) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const int c = base + u * 32;
+    const int c = base + u * 32 * S;
 #pragma unroll
     for (int r = 0; r < R; ++r) raw[r][u] = c < chunks ? __ldg(rows[r] + c) : make_uint4(0, 0, 0, 0);
   }
 }
 
 // The weight-streaming loop of one warp over R weight rows (`rows[r]`, k wide) against the NT activation rows of
-// x: acc[r][t] = sum_k W_r[k] x_t[k], this lane's share. Each lane takes chunks lane, lane + 32, ... in order,
-// so a weight row's reduction order does not depend on R, NT or n. `raw` holds the first batch, loaded by the
+// x: acc[r][t] += sum_k W_r[k] x_t[k], this lane's share (acc starts at zero). With S warps to a row (S = 1: the whole row) the warp
+// of `part` takes the row's 32-chunk groups part, part + S, ...; each lane its chunk of every group, in
+// order, so a weight row's reduction order depends on S (a function of the weight's shape) but not on R,
+// NT or n. `raw` holds the first batch, loaded by the
 // caller with `load_chunks` before `wait_for_previous_kernel`: weights are never written by a kernel, so they
 // stream in while the kernel that makes x still runs (for the code predictor's k = 1024 that batch is the
 // whole row). x is in global memory, or in shared memory when kSharedX.
-template <WeightKind K, int NT, int R, bool kSharedX>
+template <WeightKind K, int NT, int R, bool kSharedX, int S>
 __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw)[R][kUnroll],
                                                 const uint4* const (&rows)[R], const bf16* __restrict__ x,
-                                                int rows_here, int k, int x_stride) {
+                                                int rows_here, int k, int x_stride, int part) {
   using C = Chunk<K>;
   constexpr int E = C::kElems;
-  constexpr int kStep = 32 * kUnroll;
+  constexpr int kStep = 32 * S * kUnroll;
   const int lane = threadIdx.x & 31;
   const int chunks = k / E;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-  }
-  for (int base = lane; base < chunks; base += kStep) {
+  for (int base = lane + 32 * part; base < chunks; base += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = base + u * 32;
+      const int c = base + u * 32 * S;
       if (c >= chunks) break;
       float wf[R][E];
 #pragma unroll
@@ -125,7 +123,7 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw
         }
       }
     }
-    if (base + kStep < chunks) load_chunks<R>(raw, rows, base + kStep, chunks);
+    if (base + kStep < chunks) load_chunks<R, S>(raw, rows, base + kStep, chunks);
   }
 }
 
@@ -190,23 +188,30 @@ __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__
 }
 
 // The part every GEMV kernel shares: let the next kernel be scheduled, start this warp's weight rows, wait
-// for the previous kernel, norm the input rows when kNorm, then stream: acc[r][t] for weight rows rows[r].
-template <WeightKind K, int NT, int R, bool kNorm>
+// for the previous kernel, norm the input rows when kNorm, then stream: acc[r][t] for weight rows rows[r]
+// (this warp's `part` of them when S warps share a row; zeros when not `active`).
+template <WeightKind K, int NT, int R, bool kNorm, int S = 1>
 __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* const (&rows)[R], bool active,
                                           const bf16* __restrict__ x, int rows_here, int k, int x_stride,
-                                          const InputNorm& norm) {
+                                          const InputNorm& norm, int part = 0) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   allow_next_kernel();
   uint4 raw[R][kUnroll];
   const int chunks = k / Chunk<K>::kElems;
-  if (active) load_chunks<R>(raw, rows, threadIdx.x & 31, chunks);
+  if (active) load_chunks<R, S>(raw, rows, (threadIdx.x & 31) + 32 * part, chunks);
   wait_for_previous_kernel();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
   if constexpr (kNorm) {
+    static_assert(S == 1, "a normed GEMV keeps one warp per row");
     bf16* normed = reinterpret_cast<bf16*>(shared_bytes);
     norm_rows<NT>(normed, x, x_stride, rows_here, k, norm);
-    if (active) accumulate_rows<K, NT, R, true>(acc, raw, rows, normed, rows_here, k, k);
+    if (active) accumulate_rows<K, NT, R, true, 1>(acc, raw, rows, normed, rows_here, k, k, 0);
   } else {
-    if (active) accumulate_rows<K, NT, R, false>(acc, raw, rows, x, rows_here, k, x_stride);
+    if (active) accumulate_rows<K, NT, R, false, S>(acc, raw, rows, x, rows_here, k, x_stride, part);
   }
 }
 
@@ -216,29 +221,58 @@ __device__ __forceinline__ const uint4* weight_row(const uint8_t* w, int row, in
   return reinterpret_cast<const uint4*>(w + row * row_bytes);
 }
 
-// The product as the GEMV rounds it: bf16(sum * scale + bias).
-__device__ __forceinline__ bf16 product(float lane_sum, const float* scale, const bf16* bias, int row) {
+// The product as the GEMV rounds it: bf16(sum * scale + bias), sum the row's full dot product.
+__device__ __forceinline__ bf16 scaled(float sum, const float* scale, const bf16* bias, int row) {
   const float s = scale != nullptr ? scale[row] : 1.0f;
   const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
-  return to_bf(fmaf(warp_sum(lane_sum), s, b));
+  return to_bf(fmaf(sum, s, b));
 }
 
-template <WeightKind K, int NT, bool kNorm>
+__device__ __forceinline__ bf16 product(float lane_sum, const float* scale, const bf16* bias, int row) {
+  return scaled(warp_sum(lane_sum), scale, bias, row);
+}
+
+// S warps to an output row (kWarps / S rows a block): for weights of few, long rows (the o and down
+// projections, m <= 2048), where one warp a row leaves too few bytes in flight; the S partial sums are added
+// in warp order.
+template <WeightKind K, int NT, bool kNorm, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                 const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
                 int x_stride, int y_stride, InputNorm norm) {
-  const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  static_assert(kWarps % S == 0, "whole rows in a block");
+  const int warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * (kWarps / S) + warp / S;
+  const int part = warp % S;
   const bool active = row < m;
   const int rows_here = min(NT, n);
   const uint4* const rows[1] = {weight_row<K>(w, active ? row : 0, k)};
   float acc[1][NT];
-  gemv_rows<K, NT, 1, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm);
-  if (!active) return;
+  gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, part);
+  if constexpr (S == 1) {
+    if (!active) return;
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const bf16 v = product(acc[0][t], scale, bias, row);
-    if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
+    for (int t = 0; t < NT; ++t) {
+      const bf16 v = product(acc[0][t], scale, bias, row);
+      if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
+    }
+  } else {
+    __shared__ float partial[kWarps][NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float sum = warp_sum(acc[0][t]);
+      if ((threadIdx.x & 31) == 0) partial[warp][t] = sum;
+    }
+    __syncthreads();
+    if (!active || part != 0) return;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float sum = partial[warp][t];
+#pragma unroll
+      for (int p = 1; p < S; ++p) sum += partial[warp + p][t];
+      const bf16 v = scaled(sum, scale, bias, row);
+      if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
+    }
   }
 }
 
@@ -282,23 +316,28 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
 #define Q3TTS_NORMED(NT)                                                                                      \
   swiglu ? launch_kernel_shared(gemv_swiglu_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, \
                                 w, scale, n, k, m, x_stride, y_stride, *norm)                                  \
-         : launch_kernel_shared(gemv_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, w,    \
+         : launch_kernel_shared(gemv_kernel<K, NT, true, 1>, grid, block, NT * k * sizeof(bf16), stream, y, x, w, \
                                 scale, bias, n, k, m, x_stride, y_stride, *norm)
     const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(kMaxNormRows);
 #undef Q3TTS_NORMED
     return err;
   }
   const InputNorm none = {nullptr, nullptr, nullptr, 0.0f};
+  // Warps to a row: a function of the weight's shape only, so a row's result does not depend on the batch.
+  const int split = swiglu || k < 2048 ? 1 : m <= 1024 ? 4 : m <= 2048 ? 2 : 1;
+  const dim3 split_grid((m + kWarps / split - 1) / (kWarps / split));
   for (int n0 = 0; n0 < n;) {
     const int left = n - n0;
     const int tile = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const bf16* xt = x + static_cast<int64_t>(n0) * x_stride;
     bf16* yt = y + static_cast<int64_t>(n0) * y_stride;
+#define Q3TTS_PLAIN(NT, S)                                                                                    \
+  launch_kernel(gemv_kernel<K, NT, false, S>, split_grid, block, stream, yt, xt, w, scale, bias, tile, k, m,   \
+                x_stride, y_stride, none)
 #define Q3TTS_TILE(NT)                                                                                        \
   swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, tile, k, m,  \
                          x_stride, y_stride, none)                                                            \
-         : launch_kernel(gemv_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, bias, tile, k, m,   \
-                         x_stride, y_stride, none)
+         : split == 4 ? Q3TTS_PLAIN(NT, 4) : split == 2 ? Q3TTS_PLAIN(NT, 2) : Q3TTS_PLAIN(NT, 1)
     cudaError_t err;
     switch (tile) {
       case 16: err = Q3TTS_TILE(16); break;
@@ -308,6 +347,7 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
       default: err = Q3TTS_TILE(1); break;
     }
 #undef Q3TTS_TILE
+#undef Q3TTS_PLAIN
     if (err != cudaSuccess) return err;
     n0 += tile;
   }
