@@ -8,9 +8,12 @@ file imports only the standard library (the project only inside `ensure_snapshot
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,3 +70,24 @@ def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
 def snapshot_path(args: argparse.Namespace) -> Path:
     """The absolute snapshot directory the arguments of `add_snapshot_arguments` name."""
     return (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()
+
+
+def measurement_parser(description: str | None, modes: bool = True) -> argparse.ArgumentParser:
+    """The arguments of the one-process measurement scripts: --model SNAPSHOT and --out DIR, both required,
+    and --modes (default exact,fast)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, required=True, help="full random snapshot directory")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON written")
+    if modes:
+        parser.add_argument("--modes", default="exact,fast", help="comma list of engine modes")
+    return parser
+
+
+def record_medians(result: dict[str, Any], mode: str, samples: dict[str, dict[str, list[float]]]) -> None:
+    """Store one mode's samples (variant -> figure -> values) and their medians in result["modes"], and print
+    the medians."""
+    medians = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in samples.items()}
+    result["modes"][mode] = {"median": medians, "samples": samples}
+    print(mode, json.dumps(medians, indent=1), flush=True)

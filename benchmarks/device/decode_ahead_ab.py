@@ -7,13 +7,11 @@ Usage: python benchmarks/device/decode_ahead_ab.py --model SNAPSHOT --out DIR
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import measurement_parser, record_medians
 
 from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -23,11 +21,7 @@ FRAMES = 32
 
 
 def main() -> int:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--modes", default="exact,fast")
+    parser = measurement_parser(__doc__)
     parser.add_argument("--streams", default="16,64")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -52,9 +46,7 @@ def main() -> int:
                     key = f"{streams}_streams_{'ahead' if ahead else 'blocking'}"
                     for name in ("aggregate_rtf", "worst_stream_rtf", "wall_s", "codec_s"):
                         samples.setdefault(key, {}).setdefault(name, []).append(level[name])
-        medians = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in samples.items()}
-        result["modes"][mode] = {"median": medians, "samples": samples}
-        print(mode, json.dumps(medians, indent=1), flush=True)
+        record_medians(result, mode, samples)
         del engine
         torch.cuda.empty_cache()
     (args.out / "decode-ahead-ab.json").write_text(json.dumps(result, indent=2))

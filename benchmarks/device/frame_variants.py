@@ -13,13 +13,12 @@ Usage: python benchmarks/device/frame_variants.py --model SNAPSHOT --out DIR [--
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import measurement_parser
 
 from qwen3_tts_native.commands.bench import make_request, replay_ms, zero_eos_copy
 from qwen3_tts_native.engine.kernels import ops
@@ -43,11 +42,7 @@ def kernel_table(engine: VoiceDesignEngine, session: Any) -> str:
 
 
 def main() -> int:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--modes", default="exact,fast")
+    parser = measurement_parser(__doc__)
     parser.add_argument(
         "--max-context",
         type=int,

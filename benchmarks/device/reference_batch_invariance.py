@@ -9,11 +9,10 @@ Usage: python benchmarks/device/reference_batch_invariance.py --model SNAPSHOT -
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
+from common import measurement_parser
 
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import PredictorSampling, SynthesisRequest, TalkerSampling
@@ -61,11 +60,7 @@ def identical_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def main() -> int:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = measurement_parser(__doc__, modes=False).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     engine = VoiceDesignEngine.load(
         args.model, device="cuda", dtype=torch.bfloat16, max_sessions=4, max_context=512, accelerate=False

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils.cpp_extension import load_inline
 
+from qwen3_tts_native.commands.bench import replay_ms
+
 CUDA_SOURCE = r"""
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -142,17 +144,11 @@ CHAIN = 500
 MB = 1 << 20
 
 
-def graph_us_per_step(run: Any, steps: int, replays: int = 10) -> float:
+def graph_us_per_step(run: Any, steps: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(replays):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / replays / steps * 1e6
+    return replay_ms(graph, 10) * 1000 / steps
 
 
 def eager_us_per_step(run: Any, steps: int, repeats: int = 5) -> float:

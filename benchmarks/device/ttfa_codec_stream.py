@@ -10,14 +10,12 @@ Usage: python benchmarks/device/ttfa_codec_stream.py --model SNAPSHOT --out DIR
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import measurement_parser, record_medians
 
 from qwen3_tts_native.commands.bench import FRAME_SECONDS, make_request, zero_eos_copy
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -53,12 +51,7 @@ def synthesize_ms(engine: VoiceDesignEngine, frames: int, seed: int) -> tuple[fl
 
 
 def main() -> int:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--modes", default="exact,fast")
-    args = parser.parse_args()
+    args = measurement_parser(__doc__).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
@@ -90,9 +83,7 @@ def main() -> int:
                 loop_rtf = (time.perf_counter() - start) / (codes.shape[0] * FRAME_SECONDS)
                 samples["frame_loop"].setdefault("generate_codes_rtf", []).append(loop_rtf)
         backend.stream = own_stream
-        medians = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in samples.items()}
-        result["modes"][mode] = {"median": medians, "samples": samples}
-        print(mode, json.dumps(medians, indent=1), flush=True)
+        record_medians(result, mode, samples)
         del engine
         torch.cuda.empty_cache()
     (args.out / "ttfa-codec-stream.json").write_text(json.dumps(result, indent=2))
