@@ -342,6 +342,13 @@ def _suppressed(vocab: int, eos_id: int, device: torch.device) -> Tensor:
     )[0]
 
 
+def _sampler_ext(logits: Tensor):  # type: ignore[no-untyped-def]
+    """The extension if the sampling kernel takes these logits: CUDA, float32 or bfloat16, vocab <= 4096."""
+    if logits.dtype not in (torch.float32, torch.bfloat16) or logits.shape[-1] > 4096:
+        return None
+    return _ext(logits, dtype=None)
+
+
 def sample_talker(
     logits: Tensor,
     uniforms: Tensor,
@@ -355,8 +362,8 @@ def sample_talker(
     Same token as `sampling.sample_with_uniform` for the same uniform (tests/device checks 1M cases).
     `logits` float32 or bfloat16 (read as its exact float32 values).
     """
-    ext = _ext(logits, dtype=None)
-    if ext is None or logits.shape[-1] > 4096 or logits.dtype not in (torch.float32, torch.bfloat16):
+    ext = _sampler_ext(logits)
+    if ext is None:
         banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
         return reference.sample(logits.float(), uniforms, params, history, banned)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
@@ -399,12 +406,8 @@ def sample_predictor_and_embed(
 def _sample_predictor(
     logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor | None
 ) -> tuple[Tensor, Tensor | None]:
-    ext = _ext(logits, dtype=None)
-    fits = (
-        logits.dtype in (torch.float32, torch.bfloat16)
-        and logits.shape[-1] <= 4096
-        and (table is None or (table.is_cuda and table.dtype == torch.bfloat16 and table.shape[-1] % 8 == 0))
-    )
+    ext = _sampler_ext(logits)
+    fits = table is None or (table.is_cuda and table.dtype == torch.bfloat16 and table.shape[-1] % 8 == 0)
     if ext is None or not fits:
         codes = reference.sample(logits.float(), uniforms, params)
         return codes, (None if table is None else F.embedding(codes, table))
