@@ -1,11 +1,17 @@
 // Flash-decoding for one query token per row over a static [slots, kv_heads, max_len, D] cache.
-// Pass 1: one block per (64-key split, kv head, row); the split's K and V are staged in shared memory with
-// all loads in flight at once, and every query head of the GQA group reuses them. Pass 2 merges the splits
-// (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
+// Pass 1: one block per (64-key split, kv head, row), one warp per 16 keys of the split. A lane owns the
+// same slice of every head (rope.cuh's layout: P elements of each half), so a warp loads its keys and
+// values straight into registers, all loads in flight at once, with no staging barrier; its G query heads
+// are dotted with them lane-wise and summed across the warp by one transposing reduction (31 shuffles for
+// 32 scores). The warps then combine their softmax partials through shared memory (one barrier; none when a
+// single warp holds the whole cache, as for the code predictor's 16 positions). Pass 2 merges the splits (no
+// pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
 // cache write of the new token (rope_attention_kernel).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length.
 #include <math_constants.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 #include "launch.cuh"
@@ -15,174 +21,292 @@
 namespace q3tts {
 namespace {
 
-constexpr int kTile = 64;
-constexpr int kThreads = 128;
+constexpr int kTile = 64;      // keys per split
+constexpr int kWarpKeys = 16;  // keys per warp
+constexpr int kMaxWarps = kTile / kWarpKeys;
 
-// A block's shared memory: one tile of keys and values, the group's scaled queries, scores and reductions.
-template <int D, int G>
-struct Tile {
-  static constexpr int kRow = D + 8;  // padded K rows: conflict-free 16-byte reads across a quarter warp
-  __align__(16) bf16 k[kTile * kRow];
-  __align__(16) bf16 v[kTile * D];
-  float q[G][D];
-  float p[G][kTile];
-  float red[G][2][2];
+// Warps a block needs for a cache of max_len positions: one when the whole cache fits one warp's keys.
+int block_warps(int max_len) { return max_len <= kWarpKeys ? 1 : kMaxWarps; }
+
+// A lane's slice of a head row: elements [lane * P, lane * P + P) and [D / 2 + lane * P, ...) (rope.cuh).
+// Element e of the slice is lo[e] for e < P, else hi[e - P].
+template <int P>
+struct HeadSlice {
+  bf16 lo[P];
+  bf16 hi[P];
+  __device__ __forceinline__ float at(int e) const { return to_f(e < P ? lo[e] : hi[e - P]); }
 };
 
-// The staged tile's `count` keys against the group's G queries: scores, the tile's softmax statistics, P.V.
-// With `single` (the whole cache is one tile) the normalised heads go there; else the unnormalised partials
-// and their max / sum go to `part` for the merge kernel. Call after a __syncthreads that ends the staging.
-template <int D, int G>
-__device__ __forceinline__ void attend_tile(Tile<D, G>& t, int count, bf16* single, float* part, int64_t part_head) {
-  constexpr int kRow = Tile<D, G>::kRow;
-  constexpr int kVecsPerRow = D / 8;
-  const int tid = threadIdx.x;
-  bf16* k_s = t.k;
-  bf16* v_s = t.v;
-  auto& q_s = t.q;
-  auto& p_s = t.p;
-  auto& red_s = t.red;
-  // Scores: thread -> (key, head); fp32 dot over D from shared memory.
-  for (int i = tid; i < G * kTile; i += kThreads) {
-    const int g = i / kTile, key = i % kTile;
-    float s = -CUDART_INF_F;
-    if (key < count) {
-      s = 0.0f;
+template <int P>
+__device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row) {
+  constexpr int H = 32 * P;
+  const int first = (threadIdx.x & 31) * P;
+  HeadSlice<P> s;
 #pragma unroll
-      for (int c = 0; c < kVecsPerRow; ++c) {
-        const Bf16x8 kv = *reinterpret_cast<const Bf16x8*>(k_s + key * kRow + c * 8);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s = fmaf(q_s[g][c * 8 + j], to_f(kv.v[j]), s);
-      }
-    }
-    p_s[g][key] = s;
+  for (int j = 0; j < P; ++j) {
+    s.lo[j] = row[first + j];
+    s.hi[j] = row[H + first + j];
   }
-  __syncthreads();
+  return s;
+}
 
-  // Tile max and sum per head: one warp per (head, half of the 64 keys) pair.
-  const int warp = tid >> 5, lane = tid & 31;
-  if (warp < 2 * G) {
-    const int g = warp >> 1, half = warp & 1;
-    const float s = p_s[g][half * 32 + lane];
-    const float m = warp_max(s);
-    if (lane == 0) red_s[g][half][0] = m;
-  }
-  __syncthreads();
-  if (warp < 2 * G) {
-    const int g = warp >> 1, half = warp & 1;
-    const float m = fmaxf(red_s[g][0][0], red_s[g][1][0]);
-    const float s = p_s[g][half * 32 + lane];
-    const float p = s == -CUDART_INF_F ? 0.0f : expf(s - m);
-    p_s[g][half * 32 + lane] = p;
-    const float l = warp_sum(p);
-    if (lane == 0) red_s[g][half][1] = l;
-  }
-  __syncthreads();
-
-  // P.V: thread -> output dimension, all heads of the group.
-  for (int d = tid; d < D; d += kThreads) {
-    float acc[G];
+template <int P>
+__device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSlice<P>& s) {
+  constexpr int H = 32 * P;
+  const int first = (threadIdx.x & 31) * P;
 #pragma unroll
-    for (int g = 0; g < G; ++g) acc[g] = 0.0f;
-    for (int key = 0; key < count; ++key) {
-      const float v = to_f(v_s[key * D + d]);
-#pragma unroll
-      for (int g = 0; g < G; ++g) acc[g] = fmaf(p_s[g][key], v, acc[g]);
-    }
-    if (single != nullptr) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float den = red_s[g][0][1] + red_s[g][1][1];
-        single[g * D + d] = to_bf(den > 0.0f ? (acc[g] + 0.0f) / den : 0.0f);
-      }
-      continue;
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) part[g * part_head + d] = acc[g];
-  }
-  if (single != nullptr) return;
-  if (tid < G) {
-    const int g = tid;
-    part[g * part_head + D] = fmaxf(red_s[g][0][0], red_s[g][1][0]);
-    part[g * part_head + D + 1] = red_s[g][0][1] + red_s[g][1][1];
+  for (int j = 0; j < P; ++j) {
+    row[first + j] = s.lo[j];
+    row[H + first + j] = s.hi[j];
   }
 }
 
-// Stage a tile's keys and values: rows below `cached` from the cache rows at kb / vb, zeros for the rest,
-// except row `skip` (the new token, staged from registers by the caller), all loads in flight at once.
-template <int D, int G>
-__device__ __forceinline__ void stage_tile(Tile<D, G>& t, const bf16* kb, const bf16* vb, int cached, int skip) {
-  constexpr int kRow = Tile<D, G>::kRow;
-  constexpr int kVecsPerRow = D / 8;
+// One halving exchange of transposed_warp_sum: lanes whose `kOffset` bit is set keep the upper half of the
+// 2 * kHalf sums and send the lower half to their partner, which keeps the lower half.
+template <int kHalf, int kOffset, int NV>
+__device__ __forceinline__ void halve_sums(float (&v)[NV]) {
+  const bool upper = (threadIdx.x & kOffset) != 0;
 #pragma unroll
-  for (int i = threadIdx.x; i < kTile * kVecsPerRow; i += kThreads) {
-    const int row = i / kVecsPerRow, col = i % kVecsPerRow;
-    if (row == skip) continue;
-    Bf16x8 kv{}, vv{};
-    if (row < cached) {
-      kv = reinterpret_cast<const Bf16x8*>(kb + row * D)[col];
-      vv = reinterpret_cast<const Bf16x8*>(vb + row * D)[col];
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? v[i] : v[i + kHalf];
+    const float keep = upper ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+  }
+}
+
+// v[i] holds this lane's part of sum i (NV = 16 or 32 sums); returns the whole sum number lane / (32 / NV),
+// reducing all of them in halving exchanges (NV - 1 shuffles) instead of NV warp sums.
+template <int NV>
+__device__ __forceinline__ float transposed_warp_sum(float (&v)[NV]) {
+  static_assert(NV == 16 || NV == 32, "16 or 32 sums");
+  if constexpr (NV == 32) halve_sums<16, 16>(v);
+  halve_sums<8, NV == 32 ? 8 : 16>(v);
+  halve_sums<4, NV == 32 ? 4 : 8>(v);
+  halve_sums<2, NV == 32 ? 2 : 4>(v);
+  halve_sums<1, NV == 32 ? 1 : 2>(v);
+  float total = v[0];
+  if constexpr (NV == 16) total += __shfl_xor_sync(0xffffffffu, total, 1);
+  return total;
+}
+
+// One warp's share of a split: per query head the max score m, the sum l of exp(score - m) and the
+// unnormalised P.V over the lane's slice.
+template <int P, int G>
+struct WarpPartial {
+  float m[G];
+  float l[G];
+  float acc[G][2 * P];
+};
+
+// The warp's `keys` (<= 16; none when <= 0) keys and values from the cache rows at kb / vb, except key
+// `fresh` (the new token, when in range), which comes from registers: scores against the G queries q (this
+// lane's slices, already scaled), softmax statistics and P.V.
+template <int P, int G>
+__device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 * P], const bf16* __restrict__ kb,
+                                                        const bf16* __restrict__ vb, int keys, int fresh,
+                                                        const HeadSlice<P>& fresh_k, const HeadSlice<P>& fresh_v) {
+  constexpr int D = 64 * P;
+  constexpr int NV = G * kWarpKeys;   // one score per (head, key)
+  constexpr int kLanesPerScore = 32 / NV;
+  constexpr int kSegment = 32 / G;    // lanes holding one head's scores
+  const int lane = threadIdx.x & 31;
+  HeadSlice<P> k[kWarpKeys], v[kWarpKeys];
+#pragma unroll
+  for (int j = 0; j < kWarpKeys; ++j) {
+    if (j < keys && j != fresh) {
+      k[j] = load_slice<P>(kb + j * D);
+      v[j] = load_slice<P>(vb + j * D);
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) kv.v[j] = vv.v[j] = to_bf(0.0f);
+      for (int e = 0; e < P; ++e) k[j].lo[e] = k[j].hi[e] = v[j].lo[e] = v[j].hi[e] = to_bf(0.0f);
     }
-    *reinterpret_cast<Bf16x8*>(t.k + row * kRow + col * 8) = kv;
-    *reinterpret_cast<Bf16x8*>(t.v + row * D + col * 8) = vv;
+  }
+  if (fresh >= 0 && fresh < kWarpKeys) {
+#pragma unroll
+    for (int j = 0; j < kWarpKeys; ++j) {
+      if (j == fresh) {
+        k[j] = fresh_k;
+        v[j] = fresh_v;
+      }
+    }
+  }
+  float s[NV];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int j = 0; j < kWarpKeys; ++j) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2 * P; ++e) dot = fmaf(q[g][e], k[j].at(e), dot);
+      s[g * kWarpKeys + j] = dot;
+    }
+  }
+  const int index = lane / kLanesPerScore;  // this lane's (head, key) = (index / 16, index % 16)
+  const float total = transposed_warp_sum<NV>(s);  // every lane takes part in the shuffles
+  const float score = (index % kWarpKeys) < keys ? total : -CUDART_INF_F;
+  float m = score;
+#pragma unroll
+  for (int offset = kSegment / 2; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const float p = score == -CUDART_INF_F ? 0.0f : expf(score - m);
+  float l = lane % kLanesPerScore == 0 ? p : 0.0f;
+#pragma unroll
+  for (int offset = kSegment / 2; offset > 0; offset >>= 1) l += __shfl_xor_sync(0xffffffffu, l, offset);
+
+  WarpPartial<P, G> out;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    out.m[g] = __shfl_sync(0xffffffffu, m, g * kSegment);
+    out.l[g] = __shfl_sync(0xffffffffu, l, g * kSegment);
+#pragma unroll
+    for (int e = 0; e < 2 * P; ++e) out.acc[g][e] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kWarpKeys; ++j) {
+    if (j >= keys) break;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float pj = __shfl_sync(0xffffffffu, p, (g * kWarpKeys + j) * kLanesPerScore);
+#pragma unroll
+      for (int e = 0; e < 2 * P; ++e) out.acc[g][e] = fmaf(pj, v[j].at(e), out.acc[g][e]);
+    }
+  }
+  return out;
+}
+
+template <int P, int G, int W>
+struct SplitScratch {
+  float m[W][G];
+  float l[W][G];
+  float acc[W][G][64 * P];
+};
+
+// The split's result from its W warps' partials: with `single` (the whole cache is one split) the
+// normalised heads go there; else the unnormalised P.V and its max / sum go to `part` for the merge kernel.
+// With one warp there is nothing to combine and no barrier.
+template <int P, int G, int W>
+__device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, bf16* single, float* part,
+                                             int64_t part_head) {
+  constexpr int D = 64 * P;
+  constexpr int H = D / 2;
+  const int lane = threadIdx.x & 31;
+  if constexpr (W == 1) {
+    const int first = lane * P;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < 2 * P; ++e) {
+        const int d = e < P ? first + e : H + first + e - P;
+        if (single != nullptr) {
+          single[g * D + d] = to_bf(w.l[g] > 0.0f ? w.acc[g][e] / w.l[g] : 0.0f);
+        } else {
+          part[g * part_head + d] = w.acc[g][e];
+        }
+      }
+      if (single == nullptr && lane == 0) {
+        part[g * part_head + D] = w.m[g];
+        part[g * part_head + D + 1] = w.l[g];
+      }
+    }
+  } else {
+    __shared__ SplitScratch<P, G, W> scratch;
+    const int warp = threadIdx.x >> 5;
+    const int first = lane * P;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < 2 * P; ++e) scratch.acc[warp][g][e < P ? first + e : H + first + e - P] = w.acc[g][e];
+      if (lane == 0) {
+        scratch.m[warp][g] = w.m[g];
+        scratch.l[warp][g] = w.l[g];
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += W * 32) {
+      const int g = i / D, d = i % D;
+      float m = -CUDART_INF_F;
+#pragma unroll
+      for (int x = 0; x < W; ++x) m = fmaxf(m, scratch.m[x][g]);
+      float num = 0.0f, den = 0.0f;
+#pragma unroll
+      for (int x = 0; x < W; ++x) {
+        const float mx = scratch.m[x][g];
+        const float f = mx == -CUDART_INF_F ? 0.0f : expf(mx - m);
+        num = fmaf(scratch.acc[x][g][d], f, num);
+        den = fmaf(scratch.l[x][g], f, den);
+      }
+      if (single != nullptr) {
+        single[g * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
+      } else {
+        part[g * part_head + d] = num;
+        if (d == 0) {
+          part[g * part_head + D] = m;
+          part[g * part_head + D + 1] = den;
+        }
+      }
+    }
   }
 }
 
+// Where pass 1 of (row b, kv head kvh, split) writes: `single` (the output heads) when the cache is one
+// split, else the split's partials `part`, `part_head` floats apart per query head.
+struct SplitOutput {
+  bf16* single;
+  float* part;
+  int64_t part_head;
+};
+
 template <int D, int G>
-__global__ void __launch_bounds__(kThreads)
+__device__ __forceinline__ SplitOutput split_output(float* ws, bf16* out, int q_heads, int num_splits) {
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t first_head = static_cast<int64_t>(b) * q_heads + kvh * G;
+  return {num_splits == 1 ? out + first_head * D : nullptr, ws + (first_head * num_splits + split) * (D + 2),
+          static_cast<int64_t>(num_splits) * (D + 2)};
+}
+
+template <int D, int G, int W>
+__global__ void __launch_bounds__(W * 32)
     attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
                            const bf16* __restrict__ k_cache,
                            const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
                            const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
                            int num_splits, float scale) {
+  constexpr int P = D / 64;
   begin_dependent_kernel();
-  __shared__ Tile<D, G> t;
-
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y;
-  const int b = blockIdx.z;
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5;
   const int len = static_cast<int>(lengths[b]);
   const int start = split * kTile;
   const int count = min(kTile, len - start);
-  const int tid = threadIdx.x;
-  float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
-  const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
-
-  // One split (the predictor's short caches): normalise here and skip the merge kernel. The merge of one
-  // split computes fmaf(acc, 1, 0) / fmaf(l, 1, 0), i.e. (acc + 0) / l, so this is the same result.
-  bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
+  const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
   if (count <= 0) {  // a split past the row's length: the merge reads only the live ones
-    if (single != nullptr) {
-      for (int i = tid; i < G * D; i += kThreads) single[i] = to_bf(0.0f);
+    if (o.single != nullptr) {
+      for (int i = threadIdx.x; i < G * D; i += W * 32) o.single[i] = to_bf(0.0f);
     }
     return;
   }
-
-  const int64_t slot = slots[b];
-  const bf16* kb = k_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
-  const bf16* vb = v_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
-  stage_tile<D, G>(t, kb, vb, count, kTile);
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    t.q[g][d] = to_f(q[(static_cast<int64_t>(b) * q_heads + kvh * G + g) * D + d]) * scale;
+  float qs[G][2 * P];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const HeadSlice<P> h = load_slice<P>(q + (static_cast<int64_t>(b) * q_heads + kvh * G + g) * D);
+#pragma unroll
+    for (int e = 0; e < 2 * P; ++e) qs[g][e] = h.at(e) * scale;
   }
-  __syncthreads();
-  attend_tile<D, G>(t, count, single, part, part_head);
+  const int64_t key0 = ((slots[b] * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
+  const HeadSlice<P> none{};
+  const WarpPartial<P, G> w =
+      attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, none, none);
+  finish_split<P, G, W>(w, o.single, o.part, o.part_head);
 }
 
 // The whole decode step of one query token per row, for rows whose slots are distinct: q/k RMSNorm + RoPE
 // of the new token (rope.cuh, as qk_norm_rope_cache computes them), its K/V written to the cache, and pass 1
-// of the attention, in one block per (64-key split, KV head, row). Every split ropes the G queries (warps
-// 0..G-1); the split that holds the new position ropes its key (warp G) and copies its value (warp G+1) to
-// the cache and stages both from registers, the older keys and values come from the cache (another row's
-// block never writes them: distinct slots). With one split (the code predictor's 16 positions) the heads
-// are normalised here; else the merge kernel follows. The same values as qk_norm_rope_cache then
-// decode_attention, bit for bit, one dependent kernel fewer.
-template <int D, int G>
-__global__ void __launch_bounds__(kThreads)
+// of the attention, in one block per (64-key split, KV head, row). Every warp ropes the G queries; the warp
+// whose keys include the new position ropes its key, writes it and its value to the cache and attends them
+// from registers; the older keys and values come from the cache (another row's block never writes them:
+// distinct slots). The same values as qk_norm_rope_cache then decode_attention, bit for bit, one dependent
+// kernel fewer.
+template <int D, int G, int W>
+__global__ void __launch_bounds__(W * 32)
     rope_attention_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
                           const bf16* __restrict__ k, const bf16* __restrict__ v, int q_stride, int k_stride,
                           int v_stride, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
@@ -190,60 +314,41 @@ __global__ void __launch_bounds__(kThreads)
                           const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
                           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
                           int max_len, int num_splits, float eps, float scale) {
-  static_assert(G + 2 <= kThreads / 32, "one warp per query head, the key and the value");
   constexpr int P = D / 64;
-  constexpr int H = D / 2;
   begin_dependent_kernel();
-  __shared__ Tile<D, G> t;
-  constexpr int kRow = Tile<D, G>::kRow;
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y;
-  const int b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int first = (tid & 31) * P;
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5;
   const int pos = static_cast<int>(positions[b]);
   const int start = split * kTile;
   const int count = min(kTile, pos + 1 - start);
-  float* part = ws + ((static_cast<int64_t>(b) * q_heads + kvh * G) * num_splits + split) * (D + 2);
-  const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
-  bf16* single = num_splits == 1 ? out + (static_cast<int64_t>(b) * q_heads + kvh * G) * D : nullptr;
   if (count <= 0) return;  // a split past the row's length (the grid is sized for max_len): nothing to merge
-  const int fresh = pos - start;  // the new token's row in this split's tile, when < kTile
+  const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
   const int64_t slot = slots[b];
-  const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
   const bf16* cos = cos_table + static_cast<int64_t>(pos) * D;
   const bf16* sin = sin_table + static_cast<int64_t>(pos) * D;
-  if (warp < G) {
-    bf16 lo[P], hi[P];
-    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + warp) * D, q_norm, cos, sin, eps, lo, hi);
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      t.q[warp][first + j] = to_f(lo[j]) * scale;
-      t.q[warp][first + H + j] = to_f(hi[j]) * scale;
-    }
-  } else if (warp == G && fresh < kTile) {
-    bf16 lo[P], hi[P];
-    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_norm, cos, sin, eps, lo, hi);
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      k_cache[cache_row + first + j] = t.k[fresh * kRow + first + j] = lo[j];
-      k_cache[cache_row + first + H + j] = t.k[fresh * kRow + first + H + j] = hi[j];
-    }
-  } else if (warp == G + 1 && fresh < kTile) {
-    const bf16* src = v + static_cast<int64_t>(b) * v_stride + kvh * D;
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      v_cache[cache_row + first + j] = t.v[fresh * D + first + j] = src[first + j];
-      v_cache[cache_row + first + H + j] = t.v[fresh * D + first + H + j] = src[first + H + j];
-    }
+  const int fresh = pos - start - warp * kWarpKeys;  // the new token's key in this warp's keys, when in [0, 16)
+  HeadSlice<P> fresh_k{}, fresh_v{};
+  if (fresh >= 0 && fresh < kWarpKeys) {
+    const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
+    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_norm, cos, sin, eps, fresh_k.lo,
+                      fresh_k.hi);
+    fresh_v = load_slice<P>(v + static_cast<int64_t>(b) * v_stride + kvh * D);
+    store_slice<P>(k_cache + cache_row, fresh_k);
+    store_slice<P>(v_cache + cache_row, fresh_v);
   }
-  // The older keys and values of the split from the cache, zeros past the new one.
-  const bf16* kb = k_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
-  const bf16* vb = v_cache + ((slot * kv_heads + kvh) * max_len + start) * D;
-  stage_tile<D, G>(t, kb, vb, fresh, fresh);
-  __syncthreads();
-  attend_tile<D, G>(t, count, single, part, part_head);
+  float qs[G][2 * P];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    HeadSlice<P> h;
+    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + g) * D, q_norm, cos, sin, eps, h.lo,
+                      h.hi);
+#pragma unroll
+    for (int e = 0; e < 2 * P; ++e) qs[g][e] = h.at(e) * scale;
+  }
+  const int64_t key0 = ((slot * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
+  const WarpPartial<P, G> w =
+      attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, fresh, fresh_k, fresh_v);
+  finish_split<P, G, W>(w, o.single, o.part, o.part_head);
 }
 
 // The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
@@ -294,32 +399,36 @@ int decode_attention_splits(int max_len, int split_len) {
   return (max_len + kTile - 1) / kTile;
 }
 
+// Calls launch(D, G, W) as a compile-time triple for the supported head dims (64, 128), GQA groups (1, 2)
+// and warps per block (1 or 4, block_warps); false for anything else.
+template <typename Launch>
+bool dispatch_attention(int head_dim, int groups, int warps, Launch&& launch) {
+#define Q3TTS_CASE(D, G, W)                                                                     \
+  if (head_dim == D && groups == G && warps == W) {                                             \
+    launch(std::integral_constant<int, D>{}, std::integral_constant<int, G>{}, std::integral_constant<int, W>{}); \
+    return true;                                                                                \
+  }
+  Q3TTS_CASE(128, 2, 1) Q3TTS_CASE(128, 2, 4) Q3TTS_CASE(128, 1, 1) Q3TTS_CASE(128, 1, 4)
+  Q3TTS_CASE(64, 2, 1) Q3TTS_CASE(64, 2, 4) Q3TTS_CASE(64, 1, 1) Q3TTS_CASE(64, 1, 4)
+#undef Q3TTS_CASE
+  return false;
+}
+
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
                              const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
                              int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
                              float scale, cudaStream_t stream) {
   if (split_len != kTile || q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
-  const int groups = q_heads / kv_heads;
   const int splits = decode_attention_splits(max_len, split_len);
+  const int warps = block_warps(max_len);
   const dim3 grid(splits, kv_heads, batch);
-#define Q3TTS_SPLIT(D, G)                                                                              \
-  launch_kernel(attention_split_kernel<D, G>, dim3(grid), dim3(kThreads), stream,                                          \
-      workspace, static_cast<bf16*>(out), static_cast<const bf16*>(q),                                 \
-      static_cast<const bf16*>(k_cache),                                                               \
-      static_cast<const bf16*>(v_cache), slots, lengths, q_heads, kv_heads, max_len, splits, scale)
-  if (head_dim == 128 && groups == 2) {
-    Q3TTS_SPLIT(128, 2);
-  } else if (head_dim == 128 && groups == 1) {
-    Q3TTS_SPLIT(128, 1);
-  } else if (head_dim == 64 && groups == 1) {
-    Q3TTS_SPLIT(64, 1);
-  } else if (head_dim == 64 && groups == 2) {
-    Q3TTS_SPLIT(64, 2);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-#undef Q3TTS_SPLIT
+  const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {
+    launch_kernel(attention_split_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
+                  static_cast<const bf16*>(q), static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache),
+                  slots, lengths, q_heads, kv_heads, max_len, splits, scale);
+  });
+  if (!supported) return cudaErrorInvalidValue;
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
   return merge_splits(out, workspace, batch, q_heads, head_dim, splits, lengths, 0, stream);
@@ -332,29 +441,19 @@ cudaError_t rope_attention(void* out, float* workspace, const void* q, const voi
                            float eps, float scale, cudaStream_t stream) {
   if (q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
-  const int groups = q_heads / kv_heads;
   const int splits = decode_attention_splits(max_len, kTile);
   if (splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
+  const int warps = block_warps(max_len);
   const dim3 grid(splits, kv_heads, batch);
-#define Q3TTS_ROPE(D, G)                                                                                     \
-  launch_kernel(rope_attention_kernel<D, G>, grid, dim3(kThreads), stream, workspace, static_cast<bf16*>(out), \
-                static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride, \
-                k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),          \
-                static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,                  \
-                static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, splits,   \
-                eps, scale)
-  if (head_dim == 128 && groups == 2) {
-    Q3TTS_ROPE(128, 2);
-  } else if (head_dim == 128 && groups == 1) {
-    Q3TTS_ROPE(128, 1);
-  } else if (head_dim == 64 && groups == 2) {
-    Q3TTS_ROPE(64, 2);
-  } else if (head_dim == 64 && groups == 1) {
-    Q3TTS_ROPE(64, 1);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-#undef Q3TTS_ROPE
+  const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {
+    launch_kernel(rope_attention_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
+                  static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride,
+                  k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),
+                  static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,
+                  static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, splits, eps,
+                  scale);
+  });
+  if (!supported) return cudaErrorInvalidValue;
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
   return merge_splits(out, workspace, batch, q_heads, head_dim, splits, positions, 1, stream);
