@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.cpp_extension import load_inline
 
-from qwen3_tts_native.commands.bench import replay_ms
+from qwen3_tts_native.commands.bench import chained_call_us
 from qwen3_tts_native.engine.kernels import loader, ops
 from qwen3_tts_native.engine.model import layers
 
@@ -60,17 +60,6 @@ def build_baseline(source: Path) -> Any:
     )
 
 
-def chain_us(call: Any) -> float:
-    """Microseconds a call of `call()` takes in a captured chain of CHAIN calls."""
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CHAIN):
-            call()
-    return replay_ms(graph, replays=20) * 1000 / CHAIN
-
-
 def measure(baseline: Any, batch: int, max_len: int, position: int) -> dict[str, Any]:
     width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     qkv = torch.randn(batch, width, device="cuda", dtype=BF16)
@@ -105,8 +94,8 @@ def measure(baseline: Any, batch: int, max_len: int, position: int) -> dict[str,
         "batch": batch,
         "max_len": max_len,
         "position": position,
-        "baseline_us": chain_us(old),
-        "new_us": chain_us(new),
+        "baseline_us": chained_call_us(old, CHAIN),
+        "new_us": chained_call_us(new, CHAIN),
         "relative_l2_difference": difference,
     }
 

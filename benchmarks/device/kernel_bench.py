@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from qwen3_tts_native.commands.bench import chained_call_us
 from qwen3_tts_native.engine.kernels import loader, ops, reference
 from qwen3_tts_native.engine.model import layers
 from qwen3_tts_native.engine.runtime import sampling
@@ -159,6 +160,7 @@ def sampling_table() -> list[dict[str, Any]]:
         history = torch.rand(batch, 3072, device="cuda") < 0.05
         frames = torch.full((batch,), 10, device="cuda")
         banned = sampling.talker_banned_tokens(frames, 3072, 2150)
+        predictor_logits = torch.randn(batch, 2048, device="cuda", dtype=torch.bfloat16) * 3
         rows.append(
             {
                 "batch": batch,
@@ -167,6 +169,12 @@ def sampling_table() -> list[dict[str, Any]]:
                 ),
                 "reference_us": round(
                     bench_us(lambda: sampling.sample_with_uniform(logits, u, params, history, banned)), 2
+                ),
+                "talker_in_graph_us": round(
+                    chained_call_us(lambda: ops.sample_talker(logits, u, params, history, frames, 2150)), 2
+                ),
+                "predictor_in_graph_us": round(
+                    chained_call_us(lambda: ops.sample_predictor(predictor_logits, u, params)), 2
                 ),
             }
         )

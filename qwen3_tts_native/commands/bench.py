@@ -429,6 +429,20 @@ def replay_ms(graph: Any, replays: int = 20) -> float:
     return (time.perf_counter() - start) / replays * 1000
 
 
+def chained_call_us(op: Any, chain: int = 50) -> float:
+    """Microseconds one call of `op()` takes inside a captured CUDA graph of `chain` calls back to back: the
+    cost a frame's graph sees, without launch overhead (the micro-benchmarks' in-graph figure)."""
+    import torch
+
+    op()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(chain):
+            op()
+    return replay_ms(graph) * 1000 / chain
+
+
 def graph_replay_ms(engine: Any, backend: Any, sessions: list[Any], replays: int = 20) -> dict[str, float]:
     """The frame graph of this batch replayed back to back, without the step's host work: with programmatic
     dependent launch (as captured) and recaptured without it, so the difference is what it saves."""

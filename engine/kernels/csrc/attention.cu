@@ -1,9 +1,9 @@
 // Flash-decoding for one query token per row over a static [slots, kv_heads, max_len, D] cache.
-// Pass 1: one block per (64-key split, kv head, row), one warp per 16 keys of the split. A lane owns the
-// same slice of every head (rope.cuh's layout: P elements of each half), so a warp loads its keys and
-// values straight into registers, all loads in flight at once, with no staging barrier; its G query heads
-// are dotted with them lane-wise and summed across the warp by one transposing reduction (31 shuffles for
-// 32 scores). The warps then combine their softmax partials through shared memory (one barrier; none when a
+// Pass 1: one block per (64-key split, kv head, row), one warp per 16 keys of the split. A warp copies its
+// keys and values into its own shared-memory tile (asynchronous 16-byte copies, all in flight at once, no
+// block barrier); a lane owns the same slice of every head (rope.cuh's layout: P elements of each half),
+// so the G query heads are dotted with the keys lane-wise and summed across the warp by one transposing
+// reduction (31 shuffles for 32 scores). The warps then combine their softmax partials through shared memory (one barrier; none when a
 // single warp holds the whole cache, as for the code predictor's 16 positions). Pass 2 merges the splits (no
 // pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
 // cache write of the new token (rope_attention_kernel).
@@ -98,46 +98,68 @@ struct WarpPartial {
   float acc[G][2 * P];
 };
 
-// The warp's `keys` (<= 16; none when <= 0) keys and values from the cache rows at kb / vb, except key
-// `fresh` (the new token, when in range), which comes from registers: scores against the G queries q (this
-// lane's slices, already scaled), softmax statistics and P.V.
+// A warp's 16 keys and values in shared memory, the landing buffer of its asynchronous copies: the bytes a
+// block has in flight are bounded by shared memory, not by registers (the talker at 64 streams and long
+// contexts streams megabytes a layer and needs many blocks resident).
+template <int P>
+struct WarpKeys {
+  __align__(16) bf16 k[kWarpKeys][64 * P];
+  __align__(16) bf16 v[kWarpKeys][64 * P];
+};
+
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+#else
+  *static_cast<Bf16x8*>(shared) = *static_cast<const Bf16x8*>(global);
+#endif
+}
+
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// The warp's `keys` (<= 16; none when <= 0) keys and values, copied from the cache rows at kb / vb into the
+// warp's `tile`, except key `fresh` (the new token, when in range), which comes from registers: scores
+// against the G queries q (this lane's slices, already scaled), softmax statistics and P.V.
 template <int P, int G>
 __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 * P], const bf16* __restrict__ kb,
                                                         const bf16* __restrict__ vb, int keys, int fresh,
-                                                        const HeadSlice<P>& fresh_k, const HeadSlice<P>& fresh_v) {
+                                                        const HeadSlice<P>& fresh_k, const HeadSlice<P>& fresh_v,
+                                                        WarpKeys<P>& tile) {
   constexpr int D = 64 * P;
   constexpr int NV = G * kWarpKeys;   // one score per (head, key)
   constexpr int kLanesPerScore = 32 / NV;
   constexpr int kSegment = 32 / G;    // lanes holding one head's scores
+  constexpr int kVecs = D / 8;        // 16-byte pieces of a row
   const int lane = threadIdx.x & 31;
-  HeadSlice<P> k[kWarpKeys], v[kWarpKeys];
 #pragma unroll
-  for (int j = 0; j < kWarpKeys; ++j) {
-    if (j < keys && j != fresh) {
-      k[j] = load_slice<P>(kb + j * D);
-      v[j] = load_slice<P>(vb + j * D);
-    } else {
-#pragma unroll
-      for (int e = 0; e < P; ++e) k[j].lo[e] = k[j].hi[e] = v[j].lo[e] = v[j].hi[e] = to_bf(0.0f);
+  for (int i = lane; i < kWarpKeys * kVecs; i += 32) {
+    const int row = i / kVecs, col = i % kVecs;
+    if (row < keys && row != fresh) {
+      copy_async_16(&tile.k[row][col * 8], kb + row * D + col * 8);
+      copy_async_16(&tile.v[row][col * 8], vb + row * D + col * 8);
     }
   }
   if (fresh >= 0 && fresh < kWarpKeys) {
-#pragma unroll
-    for (int j = 0; j < kWarpKeys; ++j) {
-      if (j == fresh) {
-        k[j] = fresh_k;
-        v[j] = fresh_v;
-      }
-    }
+    store_slice<P>(tile.k[fresh], fresh_k);
+    store_slice<P>(tile.v[fresh], fresh_v);
   }
+  wait_async_copies();
+  __syncwarp();
   float s[NV];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
+  for (int j = 0; j < kWarpKeys; ++j) {
+    HeadSlice<P> k{};
+    if (j < keys) k = load_slice<P>(tile.k[j]);  // rows past `keys` were never copied
 #pragma unroll
-    for (int j = 0; j < kWarpKeys; ++j) {
+    for (int g = 0; g < G; ++g) {
       float dot = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 2 * P; ++e) dot = fmaf(q[g][e], k[j].at(e), dot);
+      for (int e = 0; e < 2 * P; ++e) dot = fmaf(q[g][e], k.at(e), dot);
       s[g * kWarpKeys + j] = dot;
     }
   }
@@ -163,11 +185,12 @@ __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 *
 #pragma unroll
   for (int j = 0; j < kWarpKeys; ++j) {
     if (j >= keys) break;
+    const HeadSlice<P> v = load_slice<P>(tile.v[j]);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const float pj = __shfl_sync(0xffffffffu, p, (g * kWarpKeys + j) * kLanesPerScore);
 #pragma unroll
-      for (int e = 0; e < 2 * P; ++e) out.acc[g][e] = fmaf(pj, v[j].at(e), out.acc[g][e]);
+      for (int e = 0; e < 2 * P; ++e) out.acc[g][e] = fmaf(pj, v.at(e), out.acc[g][e]);
     }
   }
   return out;
@@ -293,8 +316,9 @@ __global__ void __launch_bounds__(W * 32)
   }
   const int64_t key0 = ((slots[b] * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
   const HeadSlice<P> none{};
+  __shared__ WarpKeys<P> tiles[W];
   const WarpPartial<P, G> w =
-      attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, none, none);
+      attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, none, none, tiles[warp]);
   finish_split<P, G, W>(w, o.single, o.part, o.part_head);
 }
 
@@ -346,8 +370,9 @@ __global__ void __launch_bounds__(W * 32)
     for (int e = 0; e < 2 * P; ++e) qs[g][e] = h.at(e) * scale;
   }
   const int64_t key0 = ((slot * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
-  const WarpPartial<P, G> w =
-      attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, fresh, fresh_k, fresh_v);
+  __shared__ WarpKeys<P> tiles[W];
+  const WarpPartial<P, G> w = attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, fresh,
+                                                fresh_k, fresh_v, tiles[warp]);
   finish_split<P, G, W>(w, o.single, o.part, o.part_head);
 }
 

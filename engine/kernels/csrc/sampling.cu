@@ -1,5 +1,6 @@
 // The whole sampling step of a row in one block: penalty, bans, greedy, temperature, top-k (ties kept),
 // top-p (stable ascending order, HF rule), inverse-CDF draw. See launchers.h for the exact definition.
+#include <climits>
 #include <math_constants.h>
 
 #include "common.cuh"
@@ -9,9 +10,14 @@
 namespace q3tts {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kMaxThreads = 1024;
 constexpr int kPerThread = 4;
-constexpr int kMaxVocab = kThreads * kPerThread;
+constexpr int kMaxVocab = kMaxThreads * kPerThread;
+
+// Threads a row's block needs: 4 ids a thread over the vocabulary padded to a power of two (the top-p sort's
+// size). The code predictor's 2048 codes take half the threads of the talker's 3072, so the block's barriers
+// and reductions wait on 16 warps instead of 32; the ids a thread owns, and so every result, are the same.
+int block_threads(int vocab) { return vocab <= 2048 ? 512 : kMaxThreads; }
 
 // Monotone map of a float onto uint32 (-inf lowest, +inf highest; NaN is not expected here).
 __device__ __forceinline__ uint32_t ordered(float f) {
@@ -23,8 +29,9 @@ __device__ __forceinline__ float unordered(uint32_t o) {
 }
 
 // Exclusive block scan of doubles in thread order; `total` gets the block sum.
+// Warps of fewer than 32 leave their entries of warp_sums unwritten: they count as 0.
 __device__ double block_exclusive_scan(double v, double* warp_sums, double& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   double inclusive = v;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -35,7 +42,7 @@ __device__ double block_exclusive_scan(double v, double* warp_sums, double& tota
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    double s = warp_sums[lane];
+    double s = lane < warps ? warp_sums[lane] : 0.0;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
       const double n = __shfl_up_sync(0xffffffffu, s, off);
@@ -56,7 +63,7 @@ __device__ int block_min_int(int v, int* scratch) {
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = scratch[lane];
+  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : INT_MAX;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
@@ -70,7 +77,7 @@ __device__ float block_max_float(float v, float* scratch) {
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  return warp_max(scratch[lane]);
+  return warp_max(lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : -CUDART_INF_F);
 }
 
 // The k-th largest of the block's scores (k >= 1, counting repeats), in 4 radix passes of 8 bits over the
@@ -81,7 +88,7 @@ __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int 
   uint32_t prefix = 0u, mask = 0u;
   int remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
+    for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0u;
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
@@ -127,10 +134,11 @@ __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int 
   return unordered(prefix);
 }
 
+template <int kThreads>
 __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   begin_dependent_kernel();
-  __shared__ unsigned long long keys[kMaxVocab];
-  __shared__ uint8_t dropped[kMaxVocab];
+  __shared__ unsigned long long keys[kThreads * kPerThread];
+  __shared__ uint8_t dropped[kThreads * kPerThread];
   __shared__ double dscratch[32];
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
@@ -314,7 +322,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream) {
   if (args.vocab > kMaxVocab || args.vocab < 1) return cudaErrorInvalidValue;
   if (args.rows == 0) return cudaSuccess;
-  launch_kernel(sample_kernel, dim3(args.rows), dim3(kThreads), stream, args);
+  if (block_threads(args.vocab) == 512) {
+    launch_kernel(sample_kernel<512>, dim3(args.rows), dim3(512), stream, args);
+  } else {
+    launch_kernel(sample_kernel<kMaxThreads>, dim3(args.rows), dim3(kMaxThreads), stream, args);
+  }
   return cudaGetLastError();
 }
 
