@@ -319,3 +319,19 @@ def test_bench_lockstep_accounts_every_frame_with_decodes_in_flight(
     assert result["audio_s"] == pytest.approx(expected * FRAME_SECONDS)
     assert result["per_stream_rtf"]["n"] == streams
     assert engine.free_slots == 4
+
+
+def test_a_concurrency_level_reports_its_median_run() -> None:
+    """Three timed runs of a level: the figures are those of the run of median aggregate RTF, with every
+    run's aggregate and worst-stream RTF kept beside them (a stalled run moves no figure)."""
+    from qwen3_tts_native.commands.bench import median_run
+
+    runs = [
+        {"aggregate_rtf": 0.0029, "worst_stream_rtf": 0.18, "wall_s": 0.47},
+        {"aggregate_rtf": 0.0024, "worst_stream_rtf": 0.15, "wall_s": 0.39},
+        {"aggregate_rtf": 0.0025, "worst_stream_rtf": 0.16, "wall_s": 0.40},
+    ]
+    level = median_run(runs)
+    assert level["aggregate_rtf"] == 0.0025 and level["wall_s"] == 0.40
+    assert [run["aggregate_rtf"] for run in level["runs"]] == [0.0029, 0.0024, 0.0025]
+    assert median_run(runs[:2])["aggregate_rtf"] == 0.0024
