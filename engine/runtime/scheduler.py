@@ -9,8 +9,11 @@ frame ahead"). A session whose queue is full is not launched until its consumer 
 so a slow client slows only itself and the worker never blocks on I/O; the packet a step in flight will
 release counts as queued, so a session is launched exactly when a step-by-step loop would step it. The
 packets that fall due in one step (several sessions completing a packet, or ending, on the same frame) are
-decoded by one ``decode_packets`` call, which batches them on CUDA (one codec graph replay) and decodes
-each session alone on CPU (engine.py says why), each continuing its own codec stream state.
+decoded by one ``launch_decode`` call, which batches them on CUDA (one codec graph replay, on the codec's
+own stream) and decodes each session alone on CPU (engine.py says why), each continuing its own codec
+stream state. A full packet is held until the session's next frame says whether it is the last one, so
+its PCM is collected (``collect_decode``) only then: the decode runs beside the next step instead of
+stopping the worker. First and final packets are collected at once (first audio waits for nothing).
 
 A frame launched for a session that turns out to have ended at the frame before (EOS), or that is retired
 (cancelled, failed) while the frame is in flight, is dropped when collected: no packet or event follows a
@@ -60,7 +63,9 @@ class FrameEngine(Protocol):
 
     def collect_step(self, pending: Any) -> list[FrameResult | None]: ...
 
-    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]: ...
+    def launch_decode(self, sessions: list[Any], frames: list[torch.Tensor]) -> Any: ...
+
+    def collect_decode(self, pending: Any) -> list[bytes]: ...
 
     def release(self, session: Any) -> None: ...
 
@@ -181,9 +186,32 @@ class _Job:
     handle: RequestHandle
     session: Any
     pending: list[torch.Tensor] = field(default_factory=list)
-    held: AudioPacket | None = None  # a decoded packet waiting to learn whether it is the final one
+    held: _HeldPacket | None = None  # a launched packet waiting to learn whether it is the final one
     sequence: int = 0
     next_frame: int = 0
+
+
+@dataclass
+class _Decode:
+    """One ``launch_decode`` call on its way: collected once, by the first packet that needs its PCM (the
+    others find the PCM, or the error, here). ``launch_microseconds`` is the host time the launch took."""
+
+    pending: Any
+    jobs: list[_Job]
+    launch_microseconds: float
+    pcms: list[bytes] | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class _HeldPacket:
+    """A packet whose decode was launched: its place in the stream, and where its PCM will be."""
+
+    decode: _Decode
+    index: int
+    sequence: int
+    first_frame: int
+    frame_count: int
 
 
 @dataclass
@@ -320,7 +348,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Start every request taken from the queue, prefill the started ones in one batched call and send
-        their first frames (one ``decode_packets`` call for them all).
+        their first frames (one ``launch_decode`` call for them all, collected at once).
 
         Each request fails alone as before: an invalid one is rejected by ``start_session``, and a failed
         batched prefill fails each of its requests as a failed start did. ``prefill_microseconds`` is the
@@ -418,18 +446,20 @@ class Scheduler:
             self._retire(job, Failed("internal_error", f"engine step failed: {type(error).__name__}"))
 
     def _take(self, taken: list[tuple[_Job, FrameResult]], target: int) -> None:
-        """Group each job's frames into packets; the packets due now are decoded in one call.
+        """Group each job's frames into packets; the decodes of the packets due now are launched in one call.
 
         A full packet is held until the job's next result says whether it is the final one (the first
-        packet excepted: EOS cannot follow frame 0, so it goes out at once).
+        packet excepted: EOS cannot follow frame 0, so it goes out at once); its PCM is collected when it
+        goes out, so its decode overlaps the step launched meanwhile.
         """
         due: list[tuple[_Job, FrameResult]] = []
         for job, result in taken:
             if result.codes is not None:
                 job.handle.metrics.generated_codec_frames += 1
                 if job.held is not None:
-                    self._emit(job, job.held)
-                    job.held = None
+                    held, job.held = job.held, None
+                    if not self._send(job, held, None):
+                        continue
                 job.pending.append(result.codes)
             if job.pending and (result.finish_reason is not None or len(job.pending) >= target):
                 due.append((job, result))
@@ -438,7 +468,7 @@ class Scheduler:
         if not due:
             return
         try:
-            packets = self._decode([job for job, _ in due])
+            launched = self._decode([job for job, _ in due])
         except Exception as error:
             if is_backend_failure(error):
                 raise
@@ -447,48 +477,77 @@ class Scheduler:
             for job, _ in due:
                 self._retire(job, failure)
             return
-        for (job, result), packet in zip(due, packets, strict=True):
+        for (job, result), held in zip(due, launched, strict=True):
             if result.finish_reason is not None:
-                job.held = packet
+                job.held = held
                 self._finish_job(job, result)
-            elif target == 1 and packet.sequence == 0:
-                self._emit(job, packet)
+            elif target == 1 and held.sequence == 0:
+                self._send(job, held, None)
             else:
-                job.held = packet
+                job.held = held
 
     def _finish_job(self, job: _Job, result: FrameResult) -> None:
         """The job's last frame is in: its held packet (if any) goes out as the final one; then retire."""
         assert result.finish_reason is not None
         if job.held is not None:
-            self._emit(job, replace(job.held, is_final=True, finish_reason=result.finish_reason))
-            job.held = None
+            held, job.held = job.held, None
+            if not self._send(job, held, result.finish_reason):
+                return
         self._retire(job, result.finish_reason)
 
-    def _decode(self, jobs: list[_Job]) -> list[AudioPacket]:
-        """One ``decode_packets`` call for the pending frames of `jobs`; their packets, in order."""
+    def _decode(self, jobs: list[_Job]) -> list[_HeldPacket]:
+        """One ``launch_decode`` call for the pending frames of `jobs`; their packets, in order."""
         started = time.perf_counter_ns()
-        sessions = [job.session for job in jobs]
-        pcms = self.engine.decode_packets(sessions, [torch.stack(job.pending) for job in jobs])
-        if len(pcms) != len(jobs):
-            raise RuntimeError(f"decode_packets returned {len(pcms)} packets for {len(jobs)} sessions")
-        elapsed = (time.perf_counter_ns() - started) / 1000
+        pending = self.engine.launch_decode(
+            [job.session for job in jobs], [torch.stack(job.pending) for job in jobs]
+        )
+        decode = _Decode(pending, list(jobs), (time.perf_counter_ns() - started) / 1000)
         packets = []
-        for job, pcm in zip(jobs, pcms, strict=True):
-            job.handle.metrics.codec_gpu_microseconds += elapsed
-            packets.append(
-                AudioPacket(
-                    sequence=job.sequence,
-                    first_frame=job.next_frame,
-                    frame_count=len(job.pending),
-                    pcm=pcm,
-                    is_final=False,
-                    finish_reason=None,
-                )
-            )
+        for index, job in enumerate(jobs):
+            packets.append(_HeldPacket(decode, index, job.sequence, job.next_frame, len(job.pending)))
             job.sequence += 1
             job.next_frame += len(job.pending)
             job.pending = []
         return packets
+
+    def _send(self, job: _Job, held: _HeldPacket, finish_reason: FinishReason | None) -> bool:
+        """Collect a launched packet's PCM and emit it (as the final one with `finish_reason`); False when
+        its decode failed, after retiring the job. A device fault is re-raised (it ends the worker)."""
+        try:
+            pcm = self._decoded_pcm(held.decode)[held.index]
+        except Exception as error:
+            if is_backend_failure(error):
+                raise
+            self._retire(job, Failed("internal_error", f"codec decode failed: {type(error).__name__}"))
+            return False
+        final = finish_reason is not None
+        self._emit(
+            job, AudioPacket(held.sequence, held.first_frame, held.frame_count, pcm, final, finish_reason)
+        )
+        return True
+
+    def _decoded_pcm(self, decode: _Decode) -> list[bytes]:
+        """The decode's PCM, one packet per job, collected on first use; its error, raised again, after."""
+        if decode.pcms is None and decode.error is None:
+            started = time.perf_counter_ns()
+            try:
+                pcms = self.engine.collect_decode(decode.pending)
+                if len(pcms) != len(decode.jobs):
+                    raise RuntimeError(
+                        f"collect_decode returned {len(pcms)} packets for {len(decode.jobs)} sessions"
+                    )
+                decode.pcms = pcms
+            except Exception as error:
+                decode.error = error
+                if not is_backend_failure(error):
+                    logger.exception("codec decode failed for %d session(s)", len(decode.jobs))
+            elapsed = decode.launch_microseconds + (time.perf_counter_ns() - started) / 1000
+            for job in decode.jobs:
+                job.handle.metrics.codec_gpu_microseconds += elapsed
+        if decode.error is not None:
+            raise decode.error
+        assert decode.pcms is not None
+        return decode.pcms
 
     def _emit(self, job: _Job, packet: AudioPacket) -> None:
         handle = job.handle

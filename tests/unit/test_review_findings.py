@@ -130,8 +130,11 @@ class _BrokenStepEngine:
     def collect_step(self, pending: Any) -> list[FrameResult | None]:
         raise AssertionError("nothing was launched")
 
-    def decode_packets(self, sessions: list[Any], frames: list[Tensor]) -> list[bytes]:
-        return [b"\0\0" * 1920 * f.shape[0] for f in frames]
+    def launch_decode(self, sessions: list[Any], frames: list[Tensor]) -> list[Tensor]:
+        return frames
+
+    def collect_decode(self, pending: list[Tensor]) -> list[bytes]:
+        return [b"\0\0" * 1920 * f.shape[0] for f in pending]
 
     def release(self, session: Any) -> None:
         self.engine.release(session)

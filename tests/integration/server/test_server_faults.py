@@ -46,7 +46,7 @@ class FaultyEngine:
         self.hold_steps = False  # steps wait for `step_gate` (and `step_held` is set)
         self.step_gate = threading.Event()
         self.step_held = threading.Event()
-        self.decode_error: Exception | None = None  # the next decode_packets raises this
+        self.decode_error: Exception | None = None  # the next collect_decode raises this
         self.real_decodes_left: int | None = None  # counts down real decodes; at 0 one returns half its PCM
         self.extra_frames = 0  # sessions started now run this many frames past the request's ceiling
         self.block_release = False  # release waits for `unblock_release` (and `release_blocked` is set)
@@ -78,11 +78,15 @@ class FaultyEngine:
             raise error
         return self.engine.collect_step(pending)  # type: ignore[no-any-return]
 
-    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]:
+    def launch_decode(self, sessions: list[Any], frames: list[torch.Tensor]) -> Any:
+        return self.engine.launch_decode(sessions, frames)
+
+    def collect_decode(self, pending: Any) -> list[bytes]:
+        """The decode faults fire where a decode's PCM arrives."""
         if self.decode_error is not None:
             error, self.decode_error = self.decode_error, None
             raise error
-        pcms: list[bytes] = self.engine.decode_packets(sessions, frames)
+        pcms: list[bytes] = self.engine.collect_decode(pending)
         if self.real_decodes_left == 0:
             self.real_decodes_left = None
             return [pcm[: len(pcm) // 2] for pcm in pcms]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from qwen3_tts_native.engine.runtime.engine import PendingStep, VoiceDesignEngine
+from qwen3_tts_native.engine.runtime.engine import PendingDecode, PendingStep, VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import AudioPacket, FrameResult, SynthesisRequest, TalkerSampling
 from qwen3_tts_native.engine.runtime.scheduler import (
     Event,
@@ -31,8 +31,9 @@ pytestmark = pytest.mark.integration
 
 class RecordingEngine:
     """Forwards to a real engine and logs ("prefill", request texts) / ("step", batch size) /
-    ("decode", batch size) calls; a step is logged when it is launched. Every result the worker collects
-    is kept by request text (`collected`)."""
+    ("decode", batch size) calls when they are launched, and ("collected", batch size) / ("pcm", batch
+    size) when a step's results or a decode's PCM are collected. Every result the worker collects is kept
+    by request text (`collected`)."""
 
     def __init__(self, engine: VoiceDesignEngine) -> None:
         self.engine = engine
@@ -58,14 +59,21 @@ class RecordingEngine:
 
     def collect_step(self, pending: PendingStep) -> list[FrameResult | None]:
         results = self.engine.collect_step(pending)
+        with self.lock:
+            self.calls.append(("collected", len(results)))
         for session, result in zip(pending.sessions, results, strict=True):
             self.collected.setdefault(session.request.text, []).append(result)
         return results
 
-    def decode_packets(self, sessions: list[Any], frames: list[torch.Tensor]) -> list[bytes]:
+    def launch_decode(self, sessions: list[Any], frames: list[torch.Tensor]) -> PendingDecode:
         with self.lock:
             self.calls.append(("decode", len(sessions)))
-        return self.engine.decode_packets(sessions, frames)
+        return self.engine.launch_decode(sessions, frames)
+
+    def collect_decode(self, pending: PendingDecode) -> list[bytes]:
+        with self.lock:
+            self.calls.append(("pcm", pending.count))
+        return self.engine.collect_decode(pending)
 
     def release(self, session: Any) -> None:
         self.engine.release(session)
@@ -125,7 +133,7 @@ def test_batches_first_frame_priority_and_slots(recording: RecordingEngine) -> N
         assert isinstance(stream[-1], Finished) and stream[-1].finish_reason == "length"
         packets = [e for e in stream if isinstance(e, AudioPacket)]
         assert packets[0].frame_count == 1 and [p.is_final for p in packets][-1]
-    calls = [call for call in recording.calls if call[0] != "decode"]
+    calls = [call for call in recording.calls if call[0] in ("prefill", "step")]
     second_prefill = calls.index(("prefill", ("second",)))
     assert ("step", 2) in calls[second_prefill:], "the two sessions never shared a step"
     assert all(call == ("step", 1) for call in calls[1:second_prefill])
@@ -372,4 +380,66 @@ def test_a_device_fault_in_a_collect_ends_every_request(reference_engine: VoiceD
         engine.resume.set()
         scheduler.close(30)
     assert all(isinstance(o, Failed) and o.code == "backend_unavailable" for o in outcomes), outcomes
+    assert scheduler.used_slots == 0 and reference_engine.free_slots == 2
+
+
+def test_a_held_packet_is_collected_after_the_next_frame(
+    recording: RecordingEngine, offline_pcm: Any
+) -> None:
+    """A full packet waits for the next frame to know whether it is the last, so its PCM is collected only
+    then and its decode overlaps that frame; the first packet (first audio) and the final one are collected
+    at once. The bytes are still exactly the solo synthesis."""
+    scheduler = Scheduler(recording, capacity=1, queue_packets=64)
+    req = request("overlap", 14)  # packets of 1, 4, 4, 4 and 1 frames
+    try:
+        events = drain(scheduler.submit(req, lambda: None))
+    finally:
+        scheduler.close(30)
+    assert isinstance(events[-1], Finished)
+    assert b"".join(e.pcm for e in events if isinstance(e, AudioPacket)) == offline_pcm(req)
+    calls = recording.calls
+    launched = [i for i, call in enumerate(calls) if call[0] == "decode"]
+    collected = [i for i, call in enumerate(calls) if call[0] == "pcm"]
+    assert len(launched) == len(collected) == 5
+    overlapped = [
+        any(call[0] == "collected" for call in calls[start:end])
+        for start, end in zip(launched, collected, strict=True)
+    ]
+    assert overlapped == [False, True, True, True, False]
+    assert scheduler.used_slots == 0
+
+
+class FailingCollectEngine(RecordingEngine):
+    """A RecordingEngine whose `fail_at`-th ``collect_decode`` raises (the decode's error surfaces there)."""
+
+    def __init__(self, engine: VoiceDesignEngine, fail_at: int) -> None:
+        super().__init__(engine)
+        self.collects = 0
+        self.fail_at = fail_at
+
+    def collect_decode(self, pending: PendingDecode) -> list[bytes]:
+        self.collects += 1
+        if self.collects == self.fail_at:
+            raise RuntimeError("codec exploded")
+        return super().collect_decode(pending)
+
+
+def test_a_held_packet_whose_decode_fails_fails_its_request(
+    reference_engine: VoiceDesignEngine, offline_pcm: Any
+) -> None:
+    """The second packet's decode fails when its PCM is collected: the request ends with
+    ``internal_error`` after its first packet, nothing follows, and the next request runs as usual."""
+    engine = FailingCollectEngine(reference_engine, fail_at=2)
+    scheduler = Scheduler(engine, capacity=1, queue_packets=64)
+    later = request("later", 6)
+    try:
+        victim = drain(scheduler.submit(request("victim", 20), lambda: None))
+        after = drain(scheduler.submit(later, lambda: None))
+    finally:
+        scheduler.close(30)
+    assert [type(event) for event in victim] == [AudioPacket, Failed]
+    assert isinstance(victim[-1], Failed) and victim[-1].code == "internal_error"
+    assert isinstance(after[-1], Finished)
+    assert b"".join(e.pcm for e in after if isinstance(e, AudioPacket)) == offline_pcm(later)
+    assert_nothing_after_the_final_result(engine)
     assert scheduler.used_slots == 0 and reference_engine.free_slots == 2
