@@ -3,9 +3,9 @@
 // keys and values into its own shared-memory tile (asynchronous 16-byte copies, all in flight at once, no
 // block barrier); a lane owns the same slice of every head (rope.cuh's layout: P elements of each half),
 // so the G query heads are dotted with the keys lane-wise and summed across the warp by one transposing
-// reduction (31 shuffles for 32 scores). The warps then combine their softmax partials through shared memory (one barrier; none when a
-// single warp holds the whole cache, as for the code predictor's 16 positions). Pass 2 merges the splits (no
-// pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
+// reduction (31 shuffles for 32 scores). The warps then combine their softmax partials through shared
+// memory (one barrier; none when a single warp holds the whole cache, as for the code predictor's 16
+// positions). Pass 2 merges the splits (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
 // cache write of the new token (rope_attention_kernel).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length.
@@ -36,6 +36,13 @@ struct HeadSlice {
   bf16 hi[P];
   __device__ __forceinline__ float at(int e) const { return to_f(e < P ? lo[e] : hi[e - P]); }
 };
+
+// The head element that slice element e stands for, in this lane.
+template <int P>
+__device__ __forceinline__ int slice_element(int e) {
+  const int first = (threadIdx.x & 31) * P;
+  return e < P ? first + e : 32 * P + first + e - P;
+}
 
 template <int P>
 __device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row) {
@@ -196,6 +203,22 @@ __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 *
   return out;
 }
 
+// Where pass 1 of (row b, kv head kvh, split) writes: `single` (the output heads) when the cache is one
+// split, else the split's partials `part`, `part_head` floats apart per query head.
+struct SplitOutput {
+  bf16* single;
+  float* part;
+  int64_t part_head;
+};
+
+template <int D, int G>
+__device__ __forceinline__ SplitOutput split_output(float* ws, bf16* out, int q_heads, int num_splits) {
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t first_head = static_cast<int64_t>(b) * q_heads + kvh * G;
+  return {num_splits == 1 ? out + first_head * D : nullptr, ws + (first_head * num_splits + split) * (D + 2),
+          static_cast<int64_t>(num_splits) * (D + 2)};
+}
+
 template <int P, int G, int W>
 struct SplitScratch {
   float m[W][G];
@@ -207,18 +230,18 @@ struct SplitScratch {
 // normalised heads go there; else the unnormalised P.V and its max / sum go to `part` for the merge kernel.
 // With one warp there is nothing to combine and no barrier.
 template <int P, int G, int W>
-__device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, bf16* single, float* part,
-                                             int64_t part_head) {
+__device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, const SplitOutput& o) {
   constexpr int D = 64 * P;
-  constexpr int H = D / 2;
   const int lane = threadIdx.x & 31;
+  bf16* single = o.single;
+  float* part = o.part;
+  const int64_t part_head = o.part_head;
   if constexpr (W == 1) {
-    const int first = lane * P;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
 #pragma unroll
       for (int e = 0; e < 2 * P; ++e) {
-        const int d = e < P ? first + e : H + first + e - P;
+        const int d = slice_element<P>(e);
         if (single != nullptr) {
           single[g * D + d] = to_bf(w.l[g] > 0.0f ? w.acc[g][e] / w.l[g] : 0.0f);
         } else {
@@ -233,11 +256,10 @@ __device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, bf16* s
   } else {
     __shared__ SplitScratch<P, G, W> scratch;
     const int warp = threadIdx.x >> 5;
-    const int first = lane * P;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
 #pragma unroll
-      for (int e = 0; e < 2 * P; ++e) scratch.acc[warp][g][e < P ? first + e : H + first + e - P] = w.acc[g][e];
+      for (int e = 0; e < 2 * P; ++e) scratch.acc[warp][g][slice_element<P>(e)] = w.acc[g][e];
       if (lane == 0) {
         scratch.m[warp][g] = w.m[g];
         scratch.l[warp][g] = w.l[g];
@@ -268,22 +290,6 @@ __device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, bf16* s
       }
     }
   }
-}
-
-// Where pass 1 of (row b, kv head kvh, split) writes: `single` (the output heads) when the cache is one
-// split, else the split's partials `part`, `part_head` floats apart per query head.
-struct SplitOutput {
-  bf16* single;
-  float* part;
-  int64_t part_head;
-};
-
-template <int D, int G>
-__device__ __forceinline__ SplitOutput split_output(float* ws, bf16* out, int q_heads, int num_splits) {
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int64_t first_head = static_cast<int64_t>(b) * q_heads + kvh * G;
-  return {num_splits == 1 ? out + first_head * D : nullptr, ws + (first_head * num_splits + split) * (D + 2),
-          static_cast<int64_t>(num_splits) * (D + 2)};
 }
 
 template <int D, int G, int W>
@@ -319,7 +325,7 @@ __global__ void __launch_bounds__(W * 32)
   __shared__ WarpKeys<P> tiles[W];
   const WarpPartial<P, G> w =
       attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, none, none, tiles[warp]);
-  finish_split<P, G, W>(w, o.single, o.part, o.part_head);
+  finish_split<P, G, W>(w, o);
 }
 
 // The whole decode step of one query token per row, for rows whose slots are distinct: q/k RMSNorm + RoPE
@@ -373,7 +379,7 @@ __global__ void __launch_bounds__(W * 32)
   __shared__ WarpKeys<P> tiles[W];
   const WarpPartial<P, G> w = attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, fresh,
                                                 fresh_k, fresh_v, tiles[warp]);
-  finish_split<P, G, W>(w, o.single, o.part, o.part_head);
+  finish_split<P, G, W>(w, o);
 }
 
 // The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
