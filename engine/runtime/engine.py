@@ -472,40 +472,45 @@ class VoiceDesignEngine:
         """Solo loop: packets of `first_packet_frames`, then up to `packet_frames` frames.
 
         A full packet is held back until the next frame result says whether it is the last one, so every
-        packet has at least one frame and exactly the last one has `is_final`. A packet that ends while the
-        EOS ban still holds (fewer than 2 frames emitted) goes out at once: the next step cannot end the
-        session without a frame, so it is not the last (time to first audio does not wait for frame 1).
-        Frames are stepped one ahead (`_solo_next`) from frame 1 on, so a packet 0 of frame 0 alone goes out
-        before frame 1 is launched.
+        packet has at least one frame and exactly the last one has `is_final`. A held packet's decode is
+        launched when the packet fills and collected when it goes out, so on CUDA the codec works beside the
+        next frame instead of stopping the loop (as the server's scheduler does). A packet that ends while
+        the EOS ban still holds (fewer than 2 frames emitted) is decoded and goes out at once: the next step
+        cannot end the session without a frame, so it is not the last (time to first audio does not wait
+        for frame 1). Frames are stepped one ahead (`_solo_next`) from frame 1 on, so a packet 0 of frame 0
+        alone goes out before frame 1 is launched.
         """
         session = self.start_session(request)
         try:
             sequence = first_frame = 0
             buffer: list[Tensor] = []
-            held: tuple[int, int, bytes] | None = None  # (first_frame, frame_count, pcm) of a full packet
+            held: tuple[int, int, PendingDecode] | None = None  # (first frame, frames, decode), a full packet
             result, pending = self.prefill(session), None
             while True:
                 if result.codes is not None:
                     if held is not None:
-                        yield AudioPacket(sequence, held[0], held[1], held[2], False, None)
+                        pcm = self.collect_decode(held[2])[0]
+                        yield AudioPacket(sequence, held[0], held[1], pcm, False, None)
                         sequence, held = sequence + 1, None
                     buffer.append(result.codes)
                 if result.finish_reason is not None:
                     break
                 if len(buffer) == (first_packet_frames if sequence == 0 else packet_frames):
-                    pcm = self.decode_packet(session, torch.stack(buffer))
+                    decode = self.launch_decode([session], [torch.stack(buffer)])
                     if session.frames_emitted < EOS_BAN_FRAMES:
+                        pcm = self.collect_decode(decode)[0]
                         yield AudioPacket(sequence, first_frame, len(buffer), pcm, False, None)
                         sequence += 1
                     else:
-                        held = (first_frame, len(buffer), pcm)
+                        held = (first_frame, len(buffer), decode)
                     first_frame, buffer = first_frame + len(buffer), []
                 result, pending = self._solo_next(session, pending)
             if buffer:
                 pcm = self.decode_packet(session, torch.stack(buffer))
                 yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
             elif held is not None:
-                yield AudioPacket(sequence, held[0], held[1], held[2], True, result.finish_reason)
+                pcm = self.collect_decode(held[2])[0]
+                yield AudioPacket(sequence, held[0], held[1], pcm, True, result.finish_reason)
         finally:
             self.release(session)
 

@@ -343,3 +343,38 @@ def test_synthesize_packets(
         assert [p.finish_reason for p in packets] == [None] * (len(sizes) - 1) + ["length"]
         assert all(len(p.pcm) == p.frame_count * 1920 * 2 for p in packets)
     assert silent.free_slots == 4
+
+
+def test_synthesize_collects_a_held_packet_after_the_next_frame(
+    tiny_voice_design_config: VoiceDesignConfig,
+    tiny_tensors: dict[str, Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full packet that must wait for the next result is decoded at once but collected only when it goes
+    out, after the next frame was launched (the codec overlaps it on CUDA); the first packet, sent under the
+    EOS ban, and the final one are collected at once. The bytes equal a blocking decode's."""
+    silent = make_engine(tiny_voice_design_config, tiny_tensors, decoder=SilentDecoder())
+    monkeypatch.setattr(silent, "start_session", lambda request: silent.open_session(request, PLANS[2]))
+    calls: list[str] = []
+
+    def logging(name: str) -> Any:
+        method = getattr(silent, name)
+
+        def logged(*args: Any) -> Any:
+            calls.append(name)
+            return method(*args)
+
+        return logged
+
+    for name in ("launch_step", "launch_decode", "collect_decode"):
+        monkeypatch.setattr(silent, name, logging(name))
+    packets = list(silent.synthesize(SynthesisRequest("x", "", max_frames=14)))
+    assert [p.frame_count for p in packets] == [1, 4, 4, 4, 1]
+    decodes = [i for i, call in enumerate(calls) if call == "launch_decode"]
+    assert len(decodes) == 5 and calls.count("collect_decode") == 5
+    first, *held, last_held, final = decodes
+    for index in (first, last_held, final):  # the last held packet: no frame is left to launch
+        assert calls[index + 1] == "collect_decode", calls
+    for index in held:
+        assert calls[index + 1 : index + 3] == ["launch_step", "collect_decode"], calls
+    assert all(p.pcm == bytes(len(p.pcm)) for p in packets)
