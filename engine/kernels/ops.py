@@ -21,7 +21,6 @@ __all__ = [
     "add_rms_norm_",
     "decode_attention",
     "kernels_available",
-    "l2_persisting_limits",
     "linear",
     "linear_swiglu",
     "qk_norm_rope_cache",
@@ -32,8 +31,6 @@ __all__ = [
     "sample_predictor_and_embed",
     "sample_talker",
     "set_dependent_launch",
-    "set_l2_persisting_size",
-    "set_l2_persisting_window",
     "silu_mul",
     "snake_beta",
 ]
@@ -49,33 +46,6 @@ def set_dependent_launch(enabled: bool) -> None:
     ext = loader.load()
     if ext is not None:
         ext.set_dependent_launch(enabled)
-
-
-def l2_persisting_limits() -> tuple[int, int, int] | None:
-    """(L2 bytes, most bytes settable aside for persisting lines, largest access window) of the current CUDA
-    device, or None without the extension."""
-    ext = loader.load()
-    return None if ext is None else tuple(ext.l2_persisting_limits())
-
-
-def set_l2_persisting_size(size: int) -> None:
-    """Set aside `size` bytes of L2 for persisting lines (0: none, and the lines persisting so far become
-    normal ones). Process-wide; applies to graphs already captured. No-op without the extension."""
-    ext = loader.load()
-    if ext is not None:
-        ext.set_l2_persisting_size(size)
-
-
-def set_l2_persisting_window(region: Tensor | None, hit_ratio: float = 1.0) -> None:
-    """Kernels launched from now on (graphs captured from now on) cache `hit_ratio` of their accesses to
-    `region`'s bytes as persisting lines; None clears the window. No-op without the extension."""
-    ext = loader.load()
-    if ext is None:
-        return
-    if region is None:
-        ext.set_l2_persisting_window(0, 0, 0.0)
-    else:
-        ext.set_l2_persisting_window(region.data_ptr(), region.numel() * region.element_size(), hit_ratio)
 
 
 def _ext(*tensors: Tensor, dtype: torch.dtype | None = torch.bfloat16):  # type: ignore[no-untyped-def]

@@ -29,8 +29,6 @@ and with the prompts prefilled alongside it (cuBLAS picks its kernels by the pas
 
 The fused bf16 qkv and gate/up matrices are made once and the model's own q/k/v and gate/up parameters
 are re-pointed at row slices of them, so a backend adds only its 8-bit copies (fast) to the footprint.
-The code predictor's GEMV matrices (bf16, or the 8-bit copies) lie in one allocation, part of which an L2
-persisting window keeps cached across the frame's 15 predictor steps (l2_residency.py).
 
 `GraphFrameBackend` implements `step.FrameBackend`; `install` makes it an engine's `frame_backend`.
 """
@@ -38,7 +36,7 @@ persisting window keeps cached across the frame's 15 predictor steps (l2_residen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -50,7 +48,7 @@ from ..kernels.reference import QuantizedWeight, quantize_weight
 from ..model.layers import KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
-from . import l2_residency, step
+from . import step
 from .modes import EXACT, Mode
 from .sampling import SamplingRows
 from .step import FrameRows
@@ -141,70 +139,6 @@ def _fuse(*params: Tensor) -> Tensor:
         param.data = fused[start : start + rows]
         start += rows
     return fused
-
-
-_ARENA_ALIGNMENT = 256
-
-
-def _co_locate(tensors: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-    """(copies of `tensors` laid end to end in one allocation, 256-byte aligned; that allocation's bytes).
-
-    Tensors already laid out so (co-located by an earlier backend) are returned as they are, with no copy, so
-    that graphs captured earlier keep valid pointers. Why: one L2 access window (l2_residency.py) covers one
-    address range."""
-    sizes = [t.numel() * t.element_size() for t in tensors]
-    offsets, end = [], 0
-    for size in sizes:
-        offsets.append(end)
-        end += -(-size // _ARENA_ALIGNMENT) * _ARENA_ALIGNMENT
-    first = tensors[0]
-    storage = first.untyped_storage()
-    in_place = all(
-        t.is_contiguous()
-        and t.untyped_storage().data_ptr() == storage.data_ptr()
-        and t.data_ptr() == first.data_ptr() + offset
-        for t, offset in zip(tensors, offsets, strict=True)
-    )
-    if in_place:
-        start = first.data_ptr() - storage.data_ptr()
-        arena = torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage, start, (end,), (1,))
-        return list(tensors), arena
-    arena = torch.empty(end, dtype=torch.uint8, device=first.device)
-    copies = []
-    for tensor, offset, size in zip(tensors, offsets, sizes, strict=True):
-        copy = arena[offset : offset + size].view(tensor.dtype).view(tensor.shape)
-        copy.copy_(tensor)
-        copies.append(copy)
-    return copies, arena
-
-
-def _co_locate_parameters(layers: torch.nn.ModuleList) -> Tensor:
-    """Re-point the projection weights of `layers` (per block q, k, v, o, gate, up, down) at one allocation
-    and return it. q/k/v and gate/up then lie adjacent, so `_fuse` views them in place."""
-    params = []
-    for layer in layers:
-        b: Any = layer
-        params += [b.q_proj.weight, b.k_proj.weight, b.v_proj.weight, b.o_proj.weight]
-        params += [b.gate_proj.weight, b.up_proj.weight, b.down_proj.weight]
-    copies, arena = _co_locate([p.detach() for p in params])
-    for param, copy in zip(params, copies, strict=True):
-        param.data = copy
-    return arena
-
-
-def _co_locate_quantized(blocks: list[_Block]) -> Tensor:
-    """Move the 8-bit GEMV matrices of `blocks` into one allocation (the blocks now use it); return it."""
-    names = ("qkv", "o", "gate_up", "down")
-    weights = [getattr(block, name) for block in blocks for name in names]
-    data = [cast(QuantizedWeight, w.small).data for w in weights]
-    copies, arena = _co_locate(data)
-    moved = iter(copies)
-    for block in blocks:
-        for name in names:
-            weight = getattr(block, name)
-            small = QuantizedWeight(next(moved), cast(QuantizedWeight, weight.small).scale)
-            setattr(block, name, replace(weight, small=small))
-    return arena
 
 
 @dataclass
@@ -319,12 +253,7 @@ class KernelFrame:
         self.talker_scale = tc.head_dim**-0.5
         self.predictor_scale = pc.head_dim**-0.5
         self.talker_blocks = [_Block.from_module(layer, mode) for layer in talker.layers]
-        # The predictor's GEMV matrices in one allocation, `predictor_weights`: its 15 steps a frame re-read
-        # them, and one L2 window (l2_residency.py) then keeps a part of them cached.
-        self.predictor_weights = _co_locate_parameters(predictor.layers)
         self.predictor_blocks = [_Block.from_module(layer, mode) for layer in predictor.layers]
-        if mode.weights != "bf16":
-            self.predictor_weights = _co_locate_quantized(self.predictor_blocks)
         self.codec_head = _prepare(talker.codec_head.weight, mode)
         self.projection = _prepare(predictor.projection.weight, mode)
         self.projection_bias = predictor.projection.bias
@@ -609,22 +538,13 @@ class GraphFrameBackend:
     scratch_slots = SCRATCH_SLOTS
 
     def __init__(
-        self,
-        talker: Talker,
-        predictor: CodePredictor,
-        mode: Mode = EXACT,
-        buckets: tuple[int, ...] = BUCKETS,
-        l2_set_aside: int | None = None,
+        self, talker: Talker, predictor: CodePredictor, mode: Mode = EXACT, buckets: tuple[int, ...] = BUCKETS
     ):
-        """`l2_set_aside`: bytes of L2 kept for the predictor's weights (l2_residency.py; default the most
-        the device allows, 0 none). It is process-wide: the backend built last sets it."""
         if not talker.codec_embedding.is_cuda:
             raise ValueError("GraphFrameBackend needs the model on a CUDA device")
         self.mode = mode
         self.buckets = tuple(sorted(buckets))
         self.frame = KernelFrame(talker, predictor, mode)
-        self.residency = l2_residency.plan(self.frame.predictor_weights, l2_set_aside)
-        l2_residency.reserve(self.residency)
         self._decode: dict[int, _Static] = {}
         self._complete: dict[int, _Static] = {}
         self._pool = torch.cuda.graph_pool_handle()
@@ -767,7 +687,7 @@ class GraphFrameBackend:
                 run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), l2_residency.stamped(self.residency), torch.cuda.graph(graph, pool=self._pool):
+        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool):
             out = run()
         return graph, out
 

@@ -4,8 +4,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
-#include <tuple>
-
 #include "launch.cuh"
 #include "launchers.h"
 
@@ -337,34 +335,6 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
 // Graphs captured afterwards get (or lose) programmatic dependent launch; see launch.cuh.
 void set_dependent_launch(bool enabled) { q3tts::dependent_launch_enabled() = enabled; }
 
-// (L2 size, most bytes the device sets aside for persisting lines, largest access policy window) of the
-// current device.
-std::tuple<int64_t, int64_t, int64_t> l2_persisting_limits() {
-  int device = 0, l2 = 0, set_aside = 0, window = 0;
-  ok(cudaGetDevice(&device), "cudaGetDevice");
-  ok(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
-  ok(cudaDeviceGetAttribute(&set_aside, cudaDevAttrMaxPersistingL2CacheSize, device), "cudaDeviceGetAttribute");
-  ok(cudaDeviceGetAttribute(&window, cudaDevAttrMaxAccessPolicyWindowSize, device), "cudaDeviceGetAttribute");
-  return {l2, set_aside, window};
-}
-
-// The L2 this process sets aside for persisting lines (0: none; persisting accesses then cache as normal
-// ones). Resets the persisting lines already cached, so that a change takes effect at once.
-void set_l2_persisting_size(int64_t bytes) {
-  TORCH_CHECK(bytes >= 0, "bytes must be >= 0");
-  ok(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, static_cast<size_t>(bytes)), "cudaDeviceSetLimit");
-  ok(cudaCtxResetPersistingL2Cache(), "cudaCtxResetPersistingL2Cache");
-}
-
-// The access policy window of the kernels launched from now on (launch.cuh); bytes 0 clears it.
-void set_l2_persisting_window(int64_t base, int64_t bytes, double hit_ratio) {
-  TORCH_CHECK(bytes >= 0 && hit_ratio >= 0.0 && hit_ratio <= 1.0, "bytes >= 0 and 0 <= hit_ratio <= 1");
-  q3tts::L2Window& window = q3tts::l2_persisting_window();
-  window.base = reinterpret_cast<void*>(base);
-  window.bytes = static_cast<size_t>(bytes);
-  window.hit_ratio = static_cast<float>(hit_ratio);
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -381,7 +351,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("set_dependent_launch", &set_dependent_launch);
-  m.def("l2_persisting_limits", &l2_persisting_limits);
-  m.def("set_l2_persisting_size", &set_l2_persisting_size);
-  m.def("set_l2_persisting_window", &set_l2_persisting_window);
 }

@@ -32,21 +32,6 @@ inline bool device_supports_dependent_launch() {
   return major >= 9;
 }
 
-// Process-wide L2 persisting window for kernels launched from now on (graphs keep what was set when they were
-// captured): accesses to [base, base + bytes) are cached as persisting with probability hit_ratio, so a part
-// of weights that a frame re-reads (the code predictor's, 15 times) stays in the set-aside L2 between reads.
-// Empty (bytes 0) by default: no attribute.
-struct L2Window {
-  void* base = nullptr;
-  size_t bytes = 0;
-  float hit_ratio = 0.0f;
-};
-
-inline L2Window& l2_persisting_window() {
-  static L2Window window;
-  return window;
-}
-
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_kernel_shared(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
                                  cudaStream_t stream, Args&&... args) {
@@ -55,22 +40,12 @@ cudaError_t launch_kernel_shared(void (*kernel)(KernelArgs...), dim3 grid, dim3 
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[2];
+  cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed =
       dependent_launch_enabled() && device_supports_dependent_launch() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const L2Window& window = l2_persisting_window();
-  if (window.bytes > 0) {
-    attribute[1].id = cudaLaunchAttributeAccessPolicyWindow;
-    attribute[1].val.accessPolicyWindow.base_ptr = window.base;
-    attribute[1].val.accessPolicyWindow.num_bytes = window.bytes;
-    attribute[1].val.accessPolicyWindow.hitRatio = window.hit_ratio;
-    attribute[1].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    attribute[1].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
-    config.numAttrs = 2;
-  }
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
