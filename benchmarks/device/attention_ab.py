@@ -76,12 +76,13 @@ def measure(baseline: Any, batch: int, max_len: int, position: int) -> dict[str,
     assert ext is not None, loader.load_error()
     size = ext.decode_attention_workspace(batch, HEADS, HEAD_DIM, max_len) if max_len > ops.SHORT_CACHE else 0
     workspace = torch.empty(size, dtype=torch.float32, device="cuda")
+    arrivals = torch.zeros(batch * KV_HEADS, dtype=torch.int32, device="cuda")
     new_out = torch.empty(batch, HEADS * HEAD_DIM, device="cuda", dtype=BF16)
     old_out = torch.empty_like(new_out)
     args = (q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, 1e-6, scale)
 
     def new() -> None:
-        ext.rope_attention(new_out, workspace if size else None, *args)
+        ext.rope_attention(new_out, workspace if size else None, arrivals if size else None, *args)
 
     def old() -> None:
         baseline.rope_attention(old_out, workspace, *args)
@@ -90,6 +91,7 @@ def measure(baseline: Any, batch: int, max_len: int, position: int) -> dict[str,
     old()
     torch.cuda.synchronize()
     difference = float((new_out.float() - old_out.float()).norm() / old_out.float().norm())
+    identical = torch.equal(new_out, old_out)
     return {
         "batch": batch,
         "max_len": max_len,
@@ -97,6 +99,8 @@ def measure(baseline: Any, batch: int, max_len: int, position: int) -> dict[str,
         "baseline_us": chained_call_us(old, CHAIN),
         "new_us": chained_call_us(new, CHAIN),
         "relative_l2_difference": difference,
+        "bit_identical": identical,
+        "arrival_counters_zero_after": not bool(arrivals.any()),
     }
 
 
@@ -112,6 +116,7 @@ def main() -> None:
     torch.manual_seed(0)
     baseline = build_baseline(options.baseline_source)
     cases = [(b, 16, p) for b in (1, 64) for p in (2, 8, 15)]
+    cases += [(b, 512, p) for b in (1, 64) for p in (150, 250)]
     cases += [(b, 4096, p) for b in (1, 64) for p in (100, 300, 1000)]
     rows = []
     for batch, max_len, position in cases:

@@ -62,6 +62,48 @@ PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
 on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
 for 8192 rows over 4096 positions of the real model)."""
+PROMPT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256)
+"""Row counts a prompt pass is padded to, each with a captured graph: run eagerly, a pass is ~280 kernel
+launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's
+time to first audio. A pass of more rows runs eagerly, unpadded. The largest bucket bounds what the graphs
+add to the footprint (the attention workspace grows as rows x context)."""
+
+
+def prompt_pass_rows(rows: int) -> int:
+    """The rows a prompt pass of `rows` tokens runs: its bucket, or `rows` above the largest."""
+    return next((bucket for bucket in PROMPT_BUCKETS if bucket >= rows), rows)
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """One prompt pass's rows: embeddings [R, H], positions [R], cache slots [R], and the row of each
+    prompt's last token [B]. Rows past the prompts repeat the last prompt's last token: they compute and
+    write exactly what that row does (same slot, position and input), so padding changes no other row's
+    inputs and no cache entry."""
+
+    embeds: Tensor
+    positions: Tensor
+    slots: Tensor
+    ends: Tensor
+
+    @classmethod
+    def of(cls, prompts: list[Tensor], slots: Tensor, rows: int) -> PromptRows:
+        lengths = [p.shape[0] for p in prompts]
+        total = sum(lengths)
+        device = prompts[0].device
+        pad = rows - total
+        last_position = lengths[-1] - 1
+        positions = torch.cat([torch.arange(n) for n in lengths] + [torch.full((pad,), last_position)])
+        ends = torch.tensor(lengths).cumsum(0) - 1
+        counts = torch.tensor([*lengths[:-1], lengths[-1] + pad], device=device)
+        # torch.cat copies: the pass updates its residual stream in place.
+        embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
+        return cls(
+            embeds,
+            positions.to(device),
+            slots.repeat_interleave(counts, output_size=rows),
+            ends.to(device),
+        )
 
 
 @dataclass(frozen=True)
@@ -286,15 +328,14 @@ class KernelFrame:
         return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
 
     def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        lengths = [p.shape[0] for p in prompts]
-        device = prompts[0].device
-        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
-        ends = (torch.tensor(lengths).cumsum(0) - 1).to(device)
-        row_slots = slots.repeat_interleave(torch.tensor(lengths, device=device), output_size=sum(lengths))
-        # torch.cat copies: the pass updates its residual stream in place.
-        return self.talker_hidden(
-            torch.cat(prompts), positions, row_slots, cache, distinct_slots=False
-        ).index_select(0, ends)
+        """One pass over whole prompts, padded to `prompt_pass_rows` (the rows a graph replay would run, so
+        that this eager pass and the graph compute the same products)."""
+        rows = PromptRows.of(prompts, slots, prompt_pass_rows(sum(p.shape[0] for p in prompts)))
+        return self.prompt_hidden(rows, cache).index_select(0, rows.ends)
+
+    def prompt_hidden(self, rows: PromptRows, cache: KVCache) -> Tensor:
+        """The post-norm hidden [R, H] of every row of a prompt pass (its K/V written to the cache)."""
+        return self.talker_hidden(rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False)
 
     def talker_hidden(
         self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, *, distinct_slots: bool
@@ -532,6 +573,32 @@ class _Static:
             self.slots[n:].fill_(scratch)
 
 
+@dataclass
+class _PromptStatic:
+    """One prompt bucket's input rows, graph and output hidden [R, H]. Capture runs on the scratch slot."""
+
+    rows: PromptRows
+    graph: torch.cuda.CUDAGraph | None = None
+    out: Tensor | None = None
+
+    @classmethod
+    def allocate(cls, bucket: int, hidden_size: int, like: Tensor, scratch: int) -> _PromptStatic:
+        device = like.device
+        return cls(
+            PromptRows(
+                embeds=torch.zeros(bucket, hidden_size, dtype=like.dtype, device=device),
+                positions=torch.zeros(bucket, dtype=torch.int64, device=device),
+                slots=torch.full((bucket,), scratch, dtype=torch.int64, device=device),
+                ends=torch.zeros(0, dtype=torch.int64, device=device),
+            )
+        )
+
+    def load(self, rows: PromptRows) -> None:
+        self.rows.embeds.copy_(rows.embeds)
+        self.rows.positions.copy_(rows.positions)
+        self.rows.slots.copy_(rows.slots)
+
+
 class GraphFrameBackend:
     """Captures and replays whole frames per bucket; see the module docstring."""
 
@@ -547,6 +614,7 @@ class GraphFrameBackend:
         self.frame = KernelFrame(talker, predictor, mode)
         self._decode: dict[int, _Static] = {}
         self._complete: dict[int, _Static] = {}
+        self._prompt: dict[int, _PromptStatic] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self._cache_ptr: int | None = None
 
@@ -599,7 +667,21 @@ class GraphFrameBackend:
         slots: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        return self._complete_frames(self.frame.prefill_hidden_many(prompts, slots, cache), rows)
+        return self._complete_frames(self._prefill_hidden(prompts, slots, cache), rows)
+
+    def _prefill_hidden(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
+        """`KernelFrame.prefill_hidden_many` on the prompt graph of the pass's bucket when the prompts fit the
+        largest one (the same padded pass, replayed), else eagerly."""
+        total = sum(p.shape[0] for p in prompts)
+        bucket = prompt_pass_rows(total)
+        if bucket not in PROMPT_BUCKETS:
+            return self.frame.prefill_hidden_many(prompts, slots, cache)
+        rows = PromptRows.of(prompts, slots, bucket)
+        static = self._prompt_static(bucket, cache, rows.embeds)
+        static.load(rows)
+        assert static.graph is not None and static.out is not None
+        static.graph.replay()
+        return static.out.index_select(0, rows.ends)
 
     def _complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """Frame 0 of B prefilled sessions from their hidden [B, H], on the complete-frames graph of the
@@ -632,6 +714,7 @@ class GraphFrameBackend:
         `ops.set_dependent_launch`, which applies to graphs captured afterwards)."""
         self._decode.clear()
         self._complete.clear()
+        self._prompt.clear()
         torch.cuda.synchronize()
         self._pool = torch.cuda.graph_pool_handle()  # the old pool may still back tensors we handed out
 
@@ -646,12 +729,17 @@ class GraphFrameBackend:
         for bucket in self.buckets:
             self._decode_static(bucket, cache, template, text)
             self._complete_static(bucket, template, text[:1])
+        for rows in PROMPT_BUCKETS:
+            self._prompt_static(rows, cache, text)
 
-    def _decode_static(self, bucket: int, cache: KVCache, template: FrameRows, like: Tensor) -> _Static:
+    def _check_cache(self, cache: KVCache) -> None:
         if self._cache_ptr is None:
             self._cache_ptr = cache.k.data_ptr()
         elif self._cache_ptr != cache.k.data_ptr():
             raise RuntimeError("the graphs were captured on another KV cache")
+
+    def _decode_static(self, bucket: int, cache: KVCache, template: FrameRows, like: Tensor) -> _Static:
+        self._check_cache(cache)
         static = self._decode.get(bucket)
         if static is None:
             scratch = cache.k.shape[1] - 1
@@ -676,6 +764,21 @@ class GraphFrameBackend:
 
             static.graph, static.out = self._capture(run)
             self._complete[bucket] = static
+        return static
+
+    def _prompt_static(self, bucket: int, cache: KVCache, like: Tensor) -> _PromptStatic:
+        self._check_cache(cache)
+        static = self._prompt.get(bucket)
+        if static is None:
+            scratch = cache.k.shape[1] - 1
+            static = _PromptStatic.allocate(bucket, like.shape[-1], like, scratch)
+            rows, frame = static.rows, self.frame
+
+            def run() -> Tensor:
+                return frame.prompt_hidden(rows, cache)
+
+            static.graph, static.out = self._capture(run)
+            self._prompt[bucket] = static
         return static
 
     def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:

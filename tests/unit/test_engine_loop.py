@@ -200,7 +200,7 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     backend = graphs.GraphFrameBackend.__new__(graphs.GraphFrameBackend)
     backend.mode, backend.buckets = EXACT, buckets
     backend.frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
-    backend._decode, backend._complete, backend._cache_ptr = {}, {}, None
+    backend._decode, backend._complete, backend._prompt, backend._cache_ptr = {}, {}, {}, None
 
     def capture(run: Any) -> tuple[Any, Tensor]:
         out = run()

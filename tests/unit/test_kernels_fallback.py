@@ -12,7 +12,7 @@ from qwen3_tts_native.engine.kernels import loader, ops, reference
 from qwen3_tts_native.engine.model import layers
 from qwen3_tts_native.engine.model.predictor import CodePredictor
 from qwen3_tts_native.engine.model.talker import Talker
-from qwen3_tts_native.engine.runtime import sampling, step
+from qwen3_tts_native.engine.runtime import graphs, sampling, step
 from qwen3_tts_native.engine.runtime.graphs import KernelFrame
 from qwen3_tts_native.engine.runtime.modes import FAST, resolve_mode
 
@@ -233,8 +233,6 @@ def test_fast_prefill_of_several_prompts_equals_each_prompt_alone_on_cpu(
     """Several sessions' prompts as the rows of one kernel pass (each row at its own position in its own
     slot) give each session exactly its single-prompt pass, hidden and cache (the CPU fallback is exact per
     row), also when the pass is cut in two; their frames completed together equal those completed alone."""
-    from qwen3_tts_native.engine.runtime import graphs
-
     talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
     predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
     fast = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
@@ -321,3 +319,17 @@ def test_session_uniform_blocks_equal_frame_by_frame_draws() -> None:
         [torch.rand(16, generator=g, dtype=torch.float64) for _ in range(2 * UNIFORM_BLOCK_FRAMES)]
     )
     assert torch.equal(got, expected)
+
+
+def test_prompt_passes_are_padded_with_their_last_token() -> None:
+    """A prompt pass runs its bucket's row count (so an eager pass and its graph compute the same
+    products); the padding rows repeat the last prompt's last token, so they write only what it writes."""
+    assert [graphs.prompt_pass_rows(n) for n in (1, 32, 33, 256, 257)] == [32, 32, 64, 256, 257]
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g)]
+    rows = graphs.PromptRows.of(prompts, torch.tensor([2, 0]), 32)
+    assert torch.equal(rows.embeds[:8], torch.cat(prompts))
+    assert torch.equal(rows.embeds[8:], prompts[1][-1].expand(24, -1))
+    assert rows.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4] + [4] * 24
+    assert rows.slots.tolist() == [2, 2, 2] + [0] * 29
+    assert rows.ends.tolist() == [2, 7]
