@@ -6,7 +6,7 @@ branch on the backend. Outputs are freshly allocated, so the ops are safe inside
 
 from __future__ import annotations
 
-from functools import cache, lru_cache
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -143,31 +143,8 @@ def decode_attention(
         device=q.device,
     )
     out = torch.empty_like(q)
-    arrivals = _arrival_counters(q.device, batch * k_cache.shape[1])
-    ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, arrivals, scale)
+    ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale)
     return out.view(batch, heads * head_dim)
-
-
-ARRIVAL_COUNTERS = 1 << 17
-"""(row, kv head) pairs an attention call may have: twice 8192 prompt rows (graphs.PREFILL_ROWS) x 8 KV
-heads."""
-
-
-def _arrival_counters(device: torch.device, needed: int) -> Tensor:
-    """The attention kernels' split-merge counters on `device` (int32, zero between calls; csrc/attention.cu):
-    one persistent tensor per device, made zero on the first call, which must not be inside graph capture (a
-    capture would only record the zeroing). Every op and graph shares it: the kernels of one stream run one at
-    a time, and each leaves its counters at zero."""
-    if needed > ARRIVAL_COUNTERS:
-        raise ValueError(f"an attention call of {needed} (row, kv head) pairs; at most {ARRIVAL_COUNTERS}")
-    return _device_arrival_counters(device)
-
-
-@cache
-def _device_arrival_counters(device: torch.device) -> Tensor:
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("run an attention op once outside CUDA graph capture first: it makes its counters")
-    return torch.zeros(ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
 
 
 SHORT_CACHE = 64
@@ -197,10 +174,9 @@ def rope_attention(
     the caller computes once for all layers): [B, Hq*D].
 
     For rows that all have `distinct_slots`, one kernel ropes and attends (its blocks rope the queries and
-    the new key themselves and stage the new K/V from registers; the last split of a row merges the splits
-    when the cache holds more than `SHORT_CACHE` positions); bit-identical to the two kernels. Rows that
-    share a slot (several tokens of one sequence in one call) must see each other's new K/V, so they run
-    the two kernels.
+    the new key themselves and stage the new K/V from registers), plus the split merge when the cache holds
+    more than `SHORT_CACHE` positions; bit-identical to the two kernels. Rows that share a slot (several
+    tokens of one sequence in one call) must see each other's new K/V, so they run the two kernels.
     """
     ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
     head_dim = k_cache.shape[-1]
@@ -217,15 +193,13 @@ def rope_attention(
         )
         return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale)
     out = torch.empty(q.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
-    workspace = arrivals = None
+    workspace = None
     if k_cache.shape[2] > SHORT_CACHE:
         size = ext.decode_attention_workspace(q.shape[0], q.shape[1] // head_dim, head_dim, k_cache.shape[2])
         workspace = torch.empty(size, dtype=torch.float32, device=q.device)
-        arrivals = _arrival_counters(q.device, q.shape[0] * k_cache.shape[1])
     ext.rope_attention(
         out,
         workspace,
-        arrivals,
         q,
         k,
         v,

@@ -1,14 +1,12 @@
 // Flash-decoding for one query token per row over a static [slots, kv_heads, max_len, D] cache.
-// One block per (64-key split, kv head, row), one warp per 16 keys of the split. A warp copies its keys and
-// values into its own shared-memory tile (asynchronous 16-byte copies, all in flight at once, no block
-// barrier); a lane owns the same slice of every head (rope.cuh's layout: P elements of each half), so the G
-// query heads are dotted with the keys lane-wise and summed across the warp by one transposing reduction (31
-// shuffles for 32 scores). The warps then combine their softmax partials through shared memory (one barrier;
-// none when a single warp holds the whole cache, as for the code predictor's 16 positions). With several
-// splits, each writes its partials to the workspace and counts itself in at its (row, kv head)'s arrival
-// counter; the last split to arrive merges them all (`merge_if_last`) and resets the counter, so no merge
-// kernel follows. For decode steps (distinct slots) the kernel also does the q/k norm, RoPE and cache write of
-// the new token (rope_attention_kernel).
+// Pass 1: one block per (64-key split, kv head, row), one warp per 16 keys of the split. A warp copies its
+// keys and values into its own shared-memory tile (asynchronous 16-byte copies, all in flight at once, no
+// block barrier); a lane owns the same slice of every head (rope.cuh's layout: P elements of each half),
+// so the G query heads are dotted with the keys lane-wise and summed across the warp by one transposing
+// reduction (31 shuffles for 32 scores). The warps then combine their softmax partials through shared
+// memory (one barrier; none when a single warp holds the whole cache, as for the code predictor's 16
+// positions). Pass 2 merges the splits (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
+// cache write of the new token (rope_attention_kernel).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length.
 #include <math_constants.h>
@@ -205,76 +203,20 @@ __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 *
   return out;
 }
 
-// Where the block of (row b, kv head kvh, split) writes: `single` (the output heads) when the cache is one
-// split, else the split's partials `part`, `part_head` floats apart per query head. `heads` are the G output
-// heads and `parts` the first head's partials of split 0, which the last split to arrive at `arrival` merges.
+// Where pass 1 of (row b, kv head kvh, split) writes: `single` (the output heads) when the cache is one
+// split, else the split's partials `part`, `part_head` floats apart per query head.
 struct SplitOutput {
   bf16* single;
   float* part;
   int64_t part_head;
-  bf16* heads;
-  const float* parts;
-  int* arrival;
 };
 
 template <int D, int G>
-__device__ __forceinline__ SplitOutput split_output(float* ws, bf16* out, int* arrivals, int q_heads, int kv_heads,
-                                                    int num_splits) {
+__device__ __forceinline__ SplitOutput split_output(float* ws, bf16* out, int q_heads, int num_splits) {
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int64_t first_head = static_cast<int64_t>(b) * q_heads + kvh * G;
-  const int64_t part_head = static_cast<int64_t>(num_splits) * (D + 2);
-  if (num_splits == 1) return {out + first_head * D, nullptr, part_head, out + first_head * D, nullptr, nullptr};
-  return {nullptr, ws + (first_head * num_splits + split) * (D + 2), part_head, out + first_head * D,
-          ws + first_head * part_head, arrivals + static_cast<int64_t>(b) * kv_heads + kvh};
-}
-
-// One output head from the partials of its `live` splits (`part`, D + 2 floats a split: P.V, max, sum), elements
-// first, first + step, ... of it. Each element's sum runs over the splits in order, whichever thread computes it.
-// The partials come from other blocks: read from L2 (__ldcg), never from this SM's L1.
-template <int D>
-__device__ __forceinline__ void merge_head(bf16* __restrict__ out, const float* __restrict__ part, int live, int first,
-                                           int step) {
-  float m = -CUDART_INF_F;
-  for (int s = 0; s < live; ++s) m = fmaxf(m, __ldcg(part + s * (D + 2) + D));
-  for (int d = first; d < D; d += step) {
-    float num = 0.0f, den = 0.0f;
-    if (m != -CUDART_INF_F) {
-      for (int s = 0; s < live; ++s) {
-        const float ms = __ldcg(part + s * (D + 2) + D);
-        if (ms == -CUDART_INF_F) continue;
-        const float f = expf(ms - m);
-        num = fmaf(__ldcg(part + s * (D + 2) + d), f, num);
-        den = fmaf(__ldcg(part + s * (D + 2) + D + 1), f, den);
-      }
-    }
-    out[d] = to_bf(den > 0.0f ? num / den : 0.0f);
-  }
-}
-
-// After a split's partials are written (several splits only): count the block in at its arrival counter; the
-// last of the row's `live` splits to arrive merges the G heads and sets the counter back to zero for the next
-// call (kernels on one stream run one after another, so a counter is never shared by two calls at once).
-// Every thread of the block must call it.
-template <int D, int G>
-__device__ __forceinline__ void merge_if_last(const SplitOutput& o, int live) {
-  if (o.single != nullptr) return;
-  __shared__ bool last;
-  __threadfence();  // this block's partials are visible to every block before it counts itself in
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(o.arrival, 1) == live - 1;
-    if (last) atomicExch(o.arrival, 0);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-#pragma unroll
-  for (int g = 0; g < G; ++g) merge_head<D>(o.heads + g * D, o.parts + g * o.part_head, live, threadIdx.x, blockDim.x);
-}
-
-// The splits that hold keys of a row of `len` keys: they alone run, write partials and arrive.
-__device__ __forceinline__ int live_splits(int len, int num_splits) {
-  return min(num_splits, (len + kTile - 1) / kTile);
+  return {num_splits == 1 ? out + first_head * D : nullptr, ws + (first_head * num_splits + split) * (D + 2),
+          static_cast<int64_t>(num_splits) * (D + 2)};
 }
 
 template <int P, int G, int W>
@@ -285,7 +227,7 @@ struct SplitScratch {
 };
 
 // The split's result from its W warps' partials: with `single` (the whole cache is one split) the
-// normalised heads go there; else the unnormalised P.V and its max / sum go to `part` (`merge_if_last`).
+// normalised heads go there; else the unnormalised P.V and its max / sum go to `part` for the merge kernel.
 // With one warp there is nothing to combine and no barrier.
 template <int P, int G, int W>
 __device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, const SplitOutput& o) {
@@ -352,8 +294,8 @@ __device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, const S
 
 template <int D, int G, int W>
 __global__ void __launch_bounds__(W * 32)
-    attention_split_kernel(float* __restrict__ ws, int* __restrict__ arrivals, bf16* __restrict__ out,
-                           const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
+                           const bf16* __restrict__ k_cache,
                            const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
                            const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
                            int num_splits, float scale) {
@@ -364,10 +306,10 @@ __global__ void __launch_bounds__(W * 32)
   const int len = static_cast<int>(lengths[b]);
   const int start = split * kTile;
   const int count = min(kTile, len - start);
-  const SplitOutput o = split_output<D, G>(ws, out, arrivals, q_heads, kv_heads, num_splits);
-  if (count <= 0) {  // a split past the row's length: the last live split merges without it
-    if (split == 0) {  // a row of no keys: no split arrives, so its heads are zero here
-      for (int i = threadIdx.x; i < G * D; i += W * 32) o.heads[i] = to_bf(0.0f);
+  const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
+  if (count <= 0) {  // a split past the row's length: the merge reads only the live ones
+    if (o.single != nullptr) {
+      for (int i = threadIdx.x; i < G * D; i += W * 32) o.single[i] = to_bf(0.0f);
     }
     return;
   }
@@ -384,7 +326,6 @@ __global__ void __launch_bounds__(W * 32)
   const WarpPartial<P, G> w =
       attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, none, none, tiles[warp]);
   finish_split<P, G, W>(w, o);
-  merge_if_last<D, G>(o, live_splits(len, num_splits));
 }
 
 // The whole decode step of one query token per row, for rows whose slots are distinct: q/k RMSNorm + RoPE
@@ -396,8 +337,7 @@ __global__ void __launch_bounds__(W * 32)
 // kernel fewer.
 template <int D, int G, int W>
 __global__ void __launch_bounds__(W * 32)
-    rope_attention_kernel(float* __restrict__ ws, int* __restrict__ arrivals, bf16* __restrict__ out,
-                          const bf16* __restrict__ q,
+    rope_attention_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
                           const bf16* __restrict__ k, const bf16* __restrict__ v, int q_stride, int k_stride,
                           int v_stride, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
                           const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
@@ -411,8 +351,8 @@ __global__ void __launch_bounds__(W * 32)
   const int pos = static_cast<int>(positions[b]);
   const int start = split * kTile;
   const int count = min(kTile, pos + 1 - start);
-  if (count <= 0) return;  // a split past the row's length (the grid is sized for max_len): not merged
-  const SplitOutput o = split_output<D, G>(ws, out, arrivals, q_heads, kv_heads, num_splits);
+  if (count <= 0) return;  // a split past the row's length (the grid is sized for max_len): nothing to merge
+  const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
   const int64_t slot = slots[b];
   const bf16* cos = cos_table + static_cast<int64_t>(pos) * D;
   const bf16* sin = sin_table + static_cast<int64_t>(pos) * D;
@@ -440,7 +380,47 @@ __global__ void __launch_bounds__(W * 32)
   const WarpPartial<P, G> w = attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, fresh,
                                                 fresh_k, fresh_v, tiles[warp]);
   finish_split<P, G, W>(w, o);
-  merge_if_last<D, G>(o, live_splits(pos + 1, num_splits));
+}
+
+// The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
+// work follows the real length, not max_len.
+template <int D>
+__global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits,
+                                       const int64_t* __restrict__ lengths, int offset, int q_heads) {
+  begin_dependent_kernel();
+  const int row_head = blockIdx.x;  // b * q_heads + h
+  const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;
+  const int live = min(num_splits, (len + kTile - 1) / kTile);
+  const float* part = ws + static_cast<int64_t>(row_head) * num_splits * (D + 2);
+  float m = -CUDART_INF_F;
+  for (int s = 0; s < live; ++s) m = fmaxf(m, part[s * (D + 2) + D]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    if (m != -CUDART_INF_F) {
+      for (int s = 0; s < live; ++s) {
+        const float ms = part[s * (D + 2) + D];
+        if (ms == -CUDART_INF_F) continue;
+        const float f = expf(ms - m);
+        num = fmaf(part[s * (D + 2) + d], f, num);
+        den = fmaf(part[s * (D + 2) + D + 1], f, den);
+      }
+    }
+    out[static_cast<int64_t>(row_head) * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
+  }
+}
+
+// Pass 2: one block per (row, query head) merges the splits' partials into out.
+cudaError_t merge_splits(void* out, const float* workspace, int batch, int q_heads, int head_dim, int splits,
+                         const int64_t* lengths, int offset, cudaStream_t stream) {
+  const dim3 grid(batch * q_heads);
+  if (head_dim == 128) {
+    launch_kernel(attention_merge_kernel<128>, grid, dim3(128), stream, static_cast<bf16*>(out), workspace, splits,
+                  lengths, offset, q_heads);
+  } else {
+    launch_kernel(attention_merge_kernel<64>, grid, dim3(64), stream, static_cast<bf16*>(out), workspace, splits,
+                  lengths, offset, q_heads);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -466,45 +446,48 @@ bool dispatch_attention(int head_dim, int groups, int warps, Launch&& launch) {
 }
 
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
-                             const int64_t* slots, const int64_t* lengths, float* workspace, int* arrivals,
-                             int batch, int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
+                             const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
+                             int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
                              float scale, cudaStream_t stream) {
   if (split_len != kTile || q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int splits = decode_attention_splits(max_len, split_len);
-  if (splits > 1 && (workspace == nullptr || arrivals == nullptr)) return cudaErrorInvalidValue;
   const int warps = block_warps(max_len);
   const dim3 grid(splits, kv_heads, batch);
   const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {
-    launch_kernel(attention_split_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, arrivals,
-                  static_cast<bf16*>(out), static_cast<const bf16*>(q), static_cast<const bf16*>(k_cache),
-                  static_cast<const bf16*>(v_cache), slots, lengths, q_heads, kv_heads, max_len, splits, scale);
+    launch_kernel(attention_split_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
+                  static_cast<const bf16*>(q), static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache),
+                  slots, lengths, q_heads, kv_heads, max_len, splits, scale);
   });
   if (!supported) return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  return merge_splits(out, workspace, batch, q_heads, head_dim, splits, lengths, 0, stream);
 }
 
-cudaError_t rope_attention(void* out, float* workspace, int* arrivals, const void* q, const void* k, const void* v,
-                           int q_stride, int k_stride, int v_stride, const void* q_norm, const void* k_norm,
-                           const void* cos, const void* sin, const int64_t* positions, const int64_t* slots,
-                           void* k_cache, void* v_cache, int batch, int q_heads, int kv_heads, int head_dim,
-                           int max_len, float eps, float scale, cudaStream_t stream) {
+cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
+                           int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
+                           const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
+                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
+                           float eps, float scale, cudaStream_t stream) {
   if (q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int splits = decode_attention_splits(max_len, kTile);
-  if (splits > 1 && (workspace == nullptr || arrivals == nullptr)) return cudaErrorInvalidValue;
+  if (splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
   const int warps = block_warps(max_len);
   const dim3 grid(splits, kv_heads, batch);
   const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {
-    launch_kernel(rope_attention_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, arrivals,
-                  static_cast<bf16*>(out), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-                  static_cast<const bf16*>(v), q_stride, k_stride, v_stride, static_cast<const bf16*>(q_norm),
-                  static_cast<const bf16*>(k_norm), static_cast<const bf16*>(cos), static_cast<const bf16*>(sin),
-                  positions, slots, static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads,
-                  max_len, splits, eps, scale);
+    launch_kernel(rope_attention_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
+                  static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride,
+                  k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),
+                  static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,
+                  static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, splits, eps,
+                  scale);
   });
   if (!supported) return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  return merge_splits(out, workspace, batch, q_heads, head_dim, splits, positions, 1, stream);
 }
 
 }  // namespace q3tts

@@ -88,37 +88,25 @@ int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_
   return batch * q_heads * q3tts::decode_attention_splits(max_len, 64) * (head_dim + 2);
 }
 
-// The split merge's arrival counters (int32, zero between calls; see launchers.h): at least one per (row, kv head).
-int* arrival_counters(const at::Tensor& arrivals, int64_t batch, int64_t kv_heads) {
-  check(arrivals, "arrivals", at::kInt);
-  TORCH_CHECK(arrivals.is_contiguous() && arrivals.numel() >= batch * kv_heads,
-              "arrivals must hold one int32 counter per (row, kv head)");
-  return arrivals.data_ptr<int>();
-}
-
-void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, c10::optional<at::Tensor> arrivals,
-                    at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos,
-                    at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache,
-                    double eps, double scale) {
+void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Tensor q, at::Tensor k, at::Tensor v,
+                    at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions,
+                    at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps, double scale) {
   check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
   check(out, "out", at::kBFloat16);
   TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel(), "out must be contiguous like q");
   const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
   const int64_t q_heads = q.size(1) / head_dim;
   float* ws = nullptr;
-  int* counters = nullptr;
   if (workspace.has_value()) {
     check(*workspace, "workspace", at::kFloat);
     TORCH_CHECK(workspace->numel() >= decode_attention_workspace(batch, q_heads, head_dim, k_cache.size(2)),
                 "workspace too small");
     ws = workspace->data_ptr<float>();
   }
-  if (arrivals.has_value()) counters = arrival_counters(*arrivals, batch, kv_heads);
-  TORCH_CHECK((ws != nullptr && counters != nullptr) || k_cache.size(2) <= 64,
-              "a cache of more than 64 positions needs a workspace and arrival counters");
+  TORCH_CHECK(ws != nullptr || k_cache.size(2) <= 64, "a cache of more than 64 positions needs a workspace");
   const c10::cuda::CUDAGuard guard(q.device());
-  ok(q3tts::rope_attention(out.data_ptr(), ws, counters, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0),
-                           k.stride(0), v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+  ok(q3tts::rope_attention(out.data_ptr(), ws, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
+                           v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                            positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr(),
                            v_cache.data_ptr(), batch, q_heads, kv_heads, head_dim, k_cache.size(2),
                            static_cast<float>(eps), static_cast<float>(scale), stream()),
@@ -126,7 +114,7 @@ void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, c10::op
 }
 
 void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
-                      at::Tensor lengths, at::Tensor workspace, at::Tensor arrivals, double scale) {
+                      at::Tensor lengths, at::Tensor workspace, double scale) {
   for (auto* t : {&out, &q, &k_cache, &v_cache}) check(*t, "tensor", at::kBFloat16);
   check(slots, "slots", at::kLong);
   check(lengths, "lengths", at::kLong);
@@ -137,10 +125,9 @@ void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tens
   TORCH_CHECK(workspace.numel() >= decode_attention_workspace(batch, q_heads, head_dim, k_cache.size(2)),
               "workspace too small");
   const c10::cuda::CUDAGuard guard(q.device());
-  int* counters = arrival_counters(arrivals, batch, k_cache.size(1));
   ok(q3tts::decode_attention(out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                              slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), workspace.data_ptr<float>(),
-                             counters, batch, q_heads, k_cache.size(1), head_dim, k_cache.size(2), 64,
+                             batch, q_heads, k_cache.size(1), head_dim, k_cache.size(2), 64,
                              static_cast<float>(scale), stream()),
      "decode_attention");
 }

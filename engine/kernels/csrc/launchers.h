@@ -23,25 +23,23 @@ cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const 
                                const int64_t* slots, void* k_cache, void* v_cache, int batch, int q_heads,
                                int kv_heads, int head_dim, int max_len, float eps, cudaStream_t stream);
 
-// Split-K decode attention of one query per row over its slot's first lengths[b] cache entries, in one kernel.
-// q [batch, q_heads, D]; out [batch, q_heads, D]. When max_len > 64: workspace holds
-// batch*q_heads*num_splits*(D+2) floats, and arrivals batch*kv_heads ints, all zero, which the kernel leaves
-// zero (one counter per (row, kv head): the last split of a row to arrive merges the splits).
+// Split-K decode attention of one query per row over its slot's first lengths[b] cache entries.
+// q [batch, q_heads, D]; out [batch, q_heads, D]; workspace holds batch*q_heads*num_splits*(D+2) floats.
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
-                             const int64_t* slots, const int64_t* lengths, float* workspace, int* arrivals,
-                             int batch, int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
+                             const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
+                             int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
                              float scale, cudaStream_t stream);
 int decode_attention_splits(int max_len, int split_len);
 
-// qk_norm_rope_cache then decode_attention in one kernel, for rows with distinct slots: the new token's q/k are
-// normed and roped, its K/V written to cache[slot, :, position], and out [batch, q_heads, D] is the attention of
-// its queries over positions 0..position. Bit-identical to the two. `workspace` and `arrivals` as
-// decode_attention's (both may be null when max_len <= 64).
-cudaError_t rope_attention(void* out, float* workspace, int* arrivals, const void* q, const void* k, const void* v,
-                           int q_stride, int k_stride, int v_stride, const void* q_norm, const void* k_norm,
-                           const void* cos, const void* sin, const int64_t* positions, const int64_t* slots,
-                           void* k_cache, void* v_cache, int batch, int q_heads, int kv_heads, int head_dim,
-                           int max_len, float eps, float scale, cudaStream_t stream);
+// qk_norm_rope_cache then decode_attention in one kernel (plus the merge kernel when max_len > 64), for
+// rows with distinct slots: the new token's q/k are normed and roped, its K/V written to
+// cache[slot, :, position], and out [batch, q_heads, D] is the attention of its queries over positions
+// 0..position. Bit-identical to the two. `workspace` as decode_attention's (may be null when max_len <= 64).
+cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
+                           int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
+                           const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
+                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
+                           float eps, float scale, cudaStream_t stream);
 
 // out = bf16(bf16(silu(gate)) * up), rows `*_stride` elements apart, `cols` wide.
 cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
