@@ -1,5 +1,6 @@
 """Same-process A/B of the fused decode attention (`ops.rope_attention`) against a saved copy of
-attention.cu (--baseline-source, e.g. `git show <commit>:engine/kernels/csrc/attention.cu > old.cu`): the
+attention.cu (--baseline-source, e.g. `git show <commit>:engine/kernels/csrc/attention.cu > old/attention.cu`,
+with the headers it includes saved beside it when they have changed since: they are searched first): the
 microseconds a call takes inside a CUDA graph of chained calls (dependent launch, as a frame runs them), at
 the code predictor's (16 positions) and the talker's (4096-position cache) shapes, batch 1 and 64, at several
 positions; and the relative L2 difference of the two outputs. Writes attention-ab.json to --out.
@@ -62,7 +63,7 @@ def build_baseline(source: Path) -> Any:
         cpp_sources=[BASELINE_BINDING],
         cuda_sources=[source.read_text()],
         functions=["rope_attention"],
-        extra_include_paths=[str(CSRC)],
+        extra_include_paths=[str(source.parent), str(CSRC)],  # headers saved beside it first
         extra_cuda_cflags=["-O3", *loader.arch_flags((major, minor))],
         verbose=False,
     )

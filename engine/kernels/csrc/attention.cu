@@ -345,22 +345,26 @@ __global__ void __launch_bounds__(W * 32)
                           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
                           int max_len, int num_splits, float eps, float scale) {
   constexpr int P = D / 64;
-  begin_dependent_kernel();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5;
+  // Before waiting for the previous kernel (launch.cuh): the row's position and slot, the RoPE table rows and
+  // the norm weights, so that only the loads of the new token and of the cache follow the wait.
   const int pos = static_cast<int>(positions[b]);
   const int start = split * kTile;
   const int count = min(kTile, pos + 1 - start);
   if (count <= 0) return;  // a split past the row's length (the grid is sized for max_len): nothing to merge
-  const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
   const int64_t slot = slots[b];
-  const bf16* cos = cos_table + static_cast<int64_t>(pos) * D;
-  const bf16* sin = sin_table + static_cast<int64_t>(pos) * D;
+  const RopeRow<P> rope = load_rope_row<P>(cos_table + static_cast<int64_t>(pos) * D,
+                                           sin_table + static_cast<int64_t>(pos) * D);
+  const NormSlice<P> q_weight = load_norm_slice<P>(q_norm);
+  const NormSlice<P> k_weight = load_norm_slice<P>(k_norm);
+  begin_dependent_kernel();
+  const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
   const int fresh = pos - start - warp * kWarpKeys;  // the new token's key in this warp's keys, when in [0, 16)
   HeadSlice<P> fresh_k{}, fresh_v{};
   if (fresh >= 0 && fresh < kWarpKeys) {
     const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
-    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_norm, cos, sin, eps, fresh_k.lo,
+    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_weight, rope, eps, fresh_k.lo,
                       fresh_k.hi);
     fresh_v = load_slice<P>(v + static_cast<int64_t>(b) * v_stride + kvh * D);
     store_slice<P>(k_cache + cache_row, fresh_k);
@@ -370,7 +374,7 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     HeadSlice<P> h;
-    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + g) * D, q_norm, cos, sin, eps, h.lo,
+    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + g) * D, q_weight, rope, eps, h.lo,
                       h.hi);
 #pragma unroll
     for (int e = 0; e < 2 * P; ++e) qs[g][e] = h.at(e) * scale;
@@ -387,10 +391,10 @@ __global__ void __launch_bounds__(W * 32)
 template <int D>
 __global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits,
                                        const int64_t* __restrict__ lengths, int offset, int q_heads) {
-  begin_dependent_kernel();
   const int row_head = blockIdx.x;  // b * q_heads + h
-  const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;
+  const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;  // before the wait: launch.cuh
   const int live = min(num_splits, (len + kTile - 1) / kTile);
+  begin_dependent_kernel();
   const float* part = ws + static_cast<int64_t>(row_head) * num_splits * (D + 2);
   float m = -CUDART_INF_F;
   for (int s = 0; s < live; ++s) m = fmaxf(m, part[s * (D + 2) + D]);

@@ -8,7 +8,13 @@
 //
 // Contract for every kernel launched here: call `wait_for_previous_kernel()` (common.cuh; most kernels call
 // `begin_dependent_kernel()`, which also lets the next kernel be scheduled) before reading anything a kernel
-// writes or writing anything; only data no kernel writes (the weights) may be read before it.
+// writes or writing anything. Before it a kernel may read only:
+// - data no kernel writes: the weights, norm weights, RoPE tables;
+// - the int64 index inputs (positions, slots, lengths), which only torch ops and host copies write. A kernel
+//   launched without dependent launch (every torch op) starts after its predecessor has finished and lets
+//   the next kernel start only once it has finished itself, so whatever ran before the chain of dependent
+//   kernels a kernel belongs to (a graph's static inputs, loaded before the replay; an index made by a torch
+//   op) is complete and visible when that kernel starts.
 #pragma once
 
 #include <cuda_runtime.h>
