@@ -210,18 +210,25 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     return backend
 
 
-@pytest.mark.parametrize("buckets", [(1, 2, 4), (3,)])
+@pytest.mark.parametrize("buckets,prompt_buckets", [((1, 2, 4), graphs.PROMPT_BUCKETS), ((3,), (16,))])
 def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
-    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, Tensor], buckets: tuple[int, ...]
+    tiny_voice_design_config: VoiceDesignConfig,
+    tiny_tensors: dict[str, Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+    buckets: tuple[int, ...],
+    prompt_buckets: tuple[int, ...],
 ) -> None:
     """The graph backend's bookkeeping around its replays, on CPU: sessions prefilled together and joining
     and leaving a running batch (padded rows, stale padding inputs, buckets of 3 cut into chunks, sampling
-    rows reused or replaced) give each session exactly its solo codes on the eager kernel frame."""
+    rows reused or replaced; prompt passes replayed in their bucket, or run eagerly above the largest one)
+    give each session exactly its solo codes on the eager kernel frame."""
+    monkeypatch.setattr(graphs, "PROMPT_BUCKETS", prompt_buckets)
     eager = make_engine(tiny_voice_design_config, tiny_tensors)
     eager.frame_backend = graphs.KernelFrameBackend(eager.talker, eager.predictor, EXACT)
     solo = [eager.run_to_end(eager.open_session(r, p)) for r, p in zip(REQUESTS, PLANS, strict=True)]
     engine = make_engine(tiny_voice_design_config, tiny_tensors)
-    graphs.install(engine, direct_graph_backend(engine, buckets))
+    backend = direct_graph_backend(engine, buckets)
+    graphs.install(engine, backend)
     frames: list[list[Tensor]] = [[] for _ in PLANS]
     active: list[tuple[int, Session]] = []
     for clock in range(40):
@@ -243,6 +250,7 @@ def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
     for index, expected in enumerate(solo):
         assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
     assert engine.free_slots == 4 and not active
+    assert backend._prompt and set(backend._prompt) <= set(prompt_buckets)  # (16,): longer ones run eagerly
 
 
 def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
