@@ -28,44 +28,11 @@ constexpr int kMaxWarps = kTile / kWarpKeys;
 // Warps a block needs for a cache of max_len positions: one when the whole cache fits one warp's keys.
 int block_warps(int max_len) { return max_len <= kWarpKeys ? 1 : kMaxWarps; }
 
-// A lane's slice of a head row: elements [lane * P, lane * P + P) and [D / 2 + lane * P, ...) (rope.cuh).
-// Element e of the slice is lo[e] for e < P, else hi[e - P].
-template <int P>
-struct HeadSlice {
-  bf16 lo[P];
-  bf16 hi[P];
-  __device__ __forceinline__ float at(int e) const { return to_f(e < P ? lo[e] : hi[e - P]); }
-};
-
 // The head element that slice element e stands for, in this lane.
 template <int P>
 __device__ __forceinline__ int slice_element(int e) {
   const int first = (threadIdx.x & 31) * P;
   return e < P ? first + e : 32 * P + first + e - P;
-}
-
-template <int P>
-__device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row) {
-  constexpr int H = 32 * P;
-  const int first = (threadIdx.x & 31) * P;
-  HeadSlice<P> s;
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    s.lo[j] = row[first + j];
-    s.hi[j] = row[H + first + j];
-  }
-  return s;
-}
-
-template <int P>
-__device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSlice<P>& s) {
-  constexpr int H = 32 * P;
-  const int first = (threadIdx.x & 31) * P;
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    row[first + j] = s.lo[j];
-    row[H + first + j] = s.hi[j];
-  }
 }
 
 // One halving exchange of transposed_warp_sum: lanes whose `kOffset` bit is set keep the upper half of the
@@ -354,17 +321,17 @@ __global__ void __launch_bounds__(W * 32)
   const int count = min(kTile, pos + 1 - start);
   if (count <= 0) return;  // a split past the row's length (the grid is sized for max_len): nothing to merge
   const int64_t slot = slots[b];
-  const RopeRow<P> rope = load_rope_row<P>(cos_table + static_cast<int64_t>(pos) * D,
-                                           sin_table + static_cast<int64_t>(pos) * D);
-  const NormSlice<P> q_weight = load_norm_slice<P>(q_norm);
-  const NormSlice<P> k_weight = load_norm_slice<P>(k_norm);
+  const HeadSlice<P> cos = load_slice<P>(cos_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> sin = load_slice<P>(sin_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> q_weight = load_slice<P>(q_norm);
+  const HeadSlice<P> k_weight = load_slice<P>(k_norm);
   begin_dependent_kernel();
   const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits);
   const int fresh = pos - start - warp * kWarpKeys;  // the new token's key in this warp's keys, when in [0, 16)
   HeadSlice<P> fresh_k{}, fresh_v{};
   if (fresh >= 0 && fresh < kWarpKeys) {
     const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
-    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_weight, rope, eps, fresh_k.lo,
+    norm_rope_head<P>(k + static_cast<int64_t>(b) * k_stride + kvh * D, k_weight, cos, sin, eps, fresh_k.lo,
                       fresh_k.hi);
     fresh_v = load_slice<P>(v + static_cast<int64_t>(b) * v_stride + kvh * D);
     store_slice<P>(k_cache + cache_row, fresh_k);
@@ -374,7 +341,7 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     HeadSlice<P> h;
-    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + g) * D, q_weight, rope, eps, h.lo,
+    norm_rope_head<P>(q + static_cast<int64_t>(b) * q_stride + (kvh * G + g) * D, q_weight, cos, sin, eps, h.lo,
                       h.hi);
 #pragma unroll
     for (int e = 0; e < 2 * P; ++e) qs[g][e] = h.at(e) * scale;

@@ -8,46 +8,48 @@
 
 namespace q3tts {
 
-// P = head_dim / 64: lane owns elements [lane * P, lane * P + P) of each half of the head (lo: the first half,
-// hi: the second). These are the lane's share of the constants of one head's norm and RoPE: a kernel may read
-// them before it waits for the previous kernel (launch.cuh), since no kernel writes them.
+// P = head_dim / 64: a lane's slice of a head row is elements [lane * P, lane * P + P) (lo) and
+// [D / 2 + lane * P, ...) (hi); slice element e is lo[e] for e < P, else hi[e - P]. The attention kernels keep
+// heads in this layout too (attention.cu).
 template <int P>
-struct NormSlice {
-  float lo[P];
-  float hi[P];
+struct HeadSlice {
+  bf16 lo[P];
+  bf16 hi[P];
+  __device__ __forceinline__ float at(int e) const { return to_f(e < P ? lo[e] : hi[e - P]); }
 };
 
 template <int P>
-struct RopeRow {
-  NormSlice<P> cos;
-  NormSlice<P> sin;
-};
-
-template <int P>
-__device__ __forceinline__ NormSlice<P> load_norm_slice(const bf16* __restrict__ row) {
+__device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row) {
   constexpr int H = 32 * P;
   const int first = (threadIdx.x & 31) * P;
-  NormSlice<P> s;
+  HeadSlice<P> s;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    s.lo[j] = to_f(row[first + j]);
-    s.hi[j] = to_f(row[first + H + j]);
+    s.lo[j] = row[first + j];
+    s.hi[j] = row[H + first + j];
   }
   return s;
 }
 
-// The cos and sin table rows of one position.
 template <int P>
-__device__ __forceinline__ RopeRow<P> load_rope_row(const bf16* __restrict__ cos, const bf16* __restrict__ sin) {
-  return {load_norm_slice<P>(cos), load_norm_slice<P>(sin)};
+__device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSlice<P>& s) {
+  constexpr int H = 32 * P;
+  const int first = (threadIdx.x & 31) * P;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    row[first + j] = s.lo[j];
+    row[H + first + j] = s.hi[j];
+  }
 }
 
-// `src` is the head's D = 64 * P values, `weight` this lane's share of the norm weight, `rope` of the
-// position's table rows; the rotated head goes to lo[j] (element lane * P + j) and hi[j] (element
+// `src` is the head's D = 64 * P values; `weight`, `cos` and `sin` are this lane's slices of the norm weight
+// and of the position's RoPE table rows (constants: a kernel may load them before it waits for the previous
+// kernel, launch.cuh). The rotated head goes to lo[j] (element lane * P + j) and hi[j] (element
 // D / 2 + lane * P + j).
 template <int P>
-__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ src, const NormSlice<P>& weight,
-                                               const RopeRow<P>& rope, float eps, bf16 (&lo)[P], bf16 (&hi)[P]) {
+__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ src, const HeadSlice<P>& weight,
+                                               const HeadSlice<P>& cos, const HeadSlice<P>& sin, float eps,
+                                               bf16 (&lo)[P], bf16 (&hi)[P]) {
   constexpr int D = 64 * P;
   constexpr int H = D / 2;
   const int first = (threadIdx.x & 31) * P;
@@ -63,10 +65,10 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ src, con
   const float inv = rsqrtf(ss / static_cast<float>(D) + eps);
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const float x1 = round_bf(weight.lo[j] * round_bf(a[j] * inv));
-    const float x2 = round_bf(weight.hi[j] * round_bf(c[j] * inv));
-    const float o1 = round_bf(x1 * rope.cos.lo[j]) + round_bf(-x2 * rope.sin.lo[j]);
-    const float o2 = round_bf(x2 * rope.cos.hi[j]) + round_bf(x1 * rope.sin.hi[j]);
+    const float x1 = round_bf(to_f(weight.lo[j]) * round_bf(a[j] * inv));
+    const float x2 = round_bf(to_f(weight.hi[j]) * round_bf(c[j] * inv));
+    const float o1 = round_bf(x1 * to_f(cos.lo[j])) + round_bf(-x2 * to_f(sin.lo[j]));
+    const float o2 = round_bf(x2 * to_f(cos.hi[j])) + round_bf(x1 * to_f(sin.hi[j]));
     lo[j] = to_bf(o1);
     hi[j] = to_bf(o2);
   }

@@ -28,8 +28,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Before waiting for the previous kernel: the row's position and slot (see launch.cuh) and the constants.
   const int pos = static_cast<int>(positions[b]);
   const int64_t slot = slots[b];
-  const RopeRow<P> rope = load_rope_row<P>(cos_table + static_cast<int64_t>(pos) * D, sin_table + static_cast<int64_t>(pos) * D);
-  const NormSlice<P> weight = load_norm_slice<P>(is_q ? q_norm : k_norm);
+  const HeadSlice<P> cos = load_slice<P>(cos_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> sin = load_slice<P>(sin_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> weight = load_slice<P>(is_q ? q_norm : k_norm);
   begin_dependent_kernel();
   if (head >= q_heads + 2 * kv_heads) return;
   const int lo = lane * P;  // element index in the first half; lo + H in the second
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int h = is_q ? head : head - q_heads;
   const bf16* src = is_q ? q + static_cast<int64_t>(b) * q_stride + h * D : k + static_cast<int64_t>(b) * k_stride + h * D;
   bf16 out_lo[P], out_hi[P];
-  norm_rope_head<P>(src, weight, rope, eps, out_lo, out_hi);
+  norm_rope_head<P>(src, weight, cos, sin, eps, out_lo, out_hi);
   bf16* dst = is_q ? q_out + (static_cast<int64_t>(b) * q_heads + h) * D
                    : k_cache + ((slot * kv_heads + h) * max_len + pos) * D;
 #pragma unroll
