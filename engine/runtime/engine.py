@@ -496,13 +496,13 @@ class VoiceDesignEngine:
                 if result.finish_reason is not None:
                     break
                 if len(buffer) == (first_packet_frames if sequence == 0 else packet_frames):
-                    decode = self.launch_decode([session], [torch.stack(buffer)])
+                    frames = torch.stack(buffer)
                     if session.frames_emitted < EOS_BAN_FRAMES:
-                        pcm = self.collect_decode(decode)[0]
+                        pcm = self.decode_packet(session, frames)
                         yield AudioPacket(sequence, first_frame, len(buffer), pcm, False, None)
                         sequence += 1
                     else:
-                        held = (first_frame, len(buffer), decode)
+                        held = (first_frame, len(buffer), self.launch_decode([session], [frames]))
                     first_frame, buffer = first_frame + len(buffer), []
                 result, pending = self._solo_next(session, pending)
             if buffer:

@@ -76,34 +76,44 @@ def prompt_pass_rows(rows: int) -> int:
 
 @dataclass(frozen=True)
 class PromptRows:
-    """One prompt pass's rows: embeddings [R, H], positions [R], cache slots [R], and the row of each
-    prompt's last token [B]. Rows past the prompts repeat the last prompt's last token: they compute and
-    write exactly what that row does (same slot, position and input), so padding changes no other row's
-    inputs and no cache entry."""
+    """One prompt pass's rows: embeddings [R, H], positions [R] and cache slots [R]."""
 
     embeds: Tensor
     positions: Tensor
     slots: Tensor
-    ends: Tensor
 
     @classmethod
-    def of(cls, prompts: list[Tensor], slots: Tensor, rows: int) -> PromptRows:
+    def of(cls, prompts: list[Tensor], slots: Tensor, rows: int) -> tuple[PromptRows, Tensor]:
+        """(the rows of prompts[i] into cache slot slots[i], padded to `rows`; the row of each prompt's last
+        token [B]). Rows past the prompts repeat the last prompt's last token: they compute and write exactly
+        what that row does (same slot, position and input), so padding changes no other row's inputs and no
+        cache entry."""
         lengths = [p.shape[0] for p in prompts]
-        total = sum(lengths)
         device = prompts[0].device
-        pad = rows - total
-        last_position = lengths[-1] - 1
-        positions = torch.cat([torch.arange(n) for n in lengths] + [torch.full((pad,), last_position)])
+        pad = rows - sum(lengths)
+        positions = torch.cat([torch.arange(n) for n in lengths] + [torch.full((pad,), lengths[-1] - 1)])
         ends = torch.tensor(lengths).cumsum(0) - 1
         counts = torch.tensor([*lengths[:-1], lengths[-1] + pad], device=device)
         # torch.cat copies: the pass updates its residual stream in place.
         embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
+        padded = cls(embeds, positions.to(device), slots.repeat_interleave(counts, output_size=rows))
+        return padded, ends.to(device)
+
+    @classmethod
+    def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
+        """`rows` rows of zero embeddings (`like`'s width, dtype and device) at position 0 of `slot`."""
+        device = like.device
         return cls(
-            embeds,
-            positions.to(device),
-            slots.repeat_interleave(counts, output_size=rows),
-            ends.to(device),
+            torch.zeros(rows, like.shape[-1], dtype=like.dtype, device=device),
+            torch.zeros(rows, dtype=torch.int64, device=device),
+            torch.full((rows,), slot, dtype=torch.int64, device=device),
         )
+
+    def load(self, rows: PromptRows) -> None:
+        """Copy `rows` (of the same shapes) into these tensors."""
+        self.embeds.copy_(rows.embeds)
+        self.positions.copy_(rows.positions)
+        self.slots.copy_(rows.slots)
 
 
 @dataclass(frozen=True)
@@ -330,8 +340,8 @@ class KernelFrame:
     def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
         """One pass over whole prompts, padded to `prompt_pass_rows` (the rows a graph replay would run, so
         that this eager pass and the graph compute the same products)."""
-        rows = PromptRows.of(prompts, slots, prompt_pass_rows(sum(p.shape[0] for p in prompts)))
-        return self.prompt_hidden(rows, cache).index_select(0, rows.ends)
+        rows, ends = PromptRows.of(prompts, slots, prompt_pass_rows(sum(p.shape[0] for p in prompts)))
+        return self.prompt_hidden(rows, cache).index_select(0, ends)
 
     def prompt_hidden(self, rows: PromptRows, cache: KVCache) -> Tensor:
         """The post-norm hidden [R, H] of every row of a prompt pass (its K/V written to the cache)."""
@@ -581,23 +591,6 @@ class _PromptStatic:
     graph: torch.cuda.CUDAGraph | None = None
     out: Tensor | None = None
 
-    @classmethod
-    def allocate(cls, bucket: int, hidden_size: int, like: Tensor, scratch: int) -> _PromptStatic:
-        device = like.device
-        return cls(
-            PromptRows(
-                embeds=torch.zeros(bucket, hidden_size, dtype=like.dtype, device=device),
-                positions=torch.zeros(bucket, dtype=torch.int64, device=device),
-                slots=torch.full((bucket,), scratch, dtype=torch.int64, device=device),
-                ends=torch.zeros(0, dtype=torch.int64, device=device),
-            )
-        )
-
-    def load(self, rows: PromptRows) -> None:
-        self.rows.embeds.copy_(rows.embeds)
-        self.rows.positions.copy_(rows.positions)
-        self.rows.slots.copy_(rows.slots)
-
 
 class GraphFrameBackend:
     """Captures and replays whole frames per bucket; see the module docstring."""
@@ -676,12 +669,12 @@ class GraphFrameBackend:
         bucket = prompt_pass_rows(total)
         if bucket not in PROMPT_BUCKETS:
             return self.frame.prefill_hidden_many(prompts, slots, cache)
-        rows = PromptRows.of(prompts, slots, bucket)
+        rows, ends = PromptRows.of(prompts, slots, bucket)
         static = self._prompt_static(bucket, cache, rows.embeds)
-        static.load(rows)
+        static.rows.load(rows)
         assert static.graph is not None and static.out is not None
         static.graph.replay()
-        return static.out.index_select(0, rows.ends)
+        return static.out.index_select(0, ends)
 
     def _complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """Frame 0 of B prefilled sessions from their hidden [B, H], on the complete-frames graph of the
@@ -770,8 +763,7 @@ class GraphFrameBackend:
         self._check_cache(cache)
         static = self._prompt.get(bucket)
         if static is None:
-            scratch = cache.k.shape[1] - 1
-            static = _PromptStatic.allocate(bucket, like.shape[-1], like, scratch)
+            static = _PromptStatic(PromptRows.zeros(bucket, like, cache.k.shape[1] - 1))
             rows, frame = static.rows, self.frame
 
             def run() -> Tensor:

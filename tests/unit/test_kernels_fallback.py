@@ -327,9 +327,9 @@ def test_prompt_passes_are_padded_with_their_last_token() -> None:
     assert [graphs.prompt_pass_rows(n) for n in (1, 32, 33, 256, 257)] == [32, 32, 64, 256, 257]
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g)]
-    rows = graphs.PromptRows.of(prompts, torch.tensor([2, 0]), 32)
+    rows, ends = graphs.PromptRows.of(prompts, torch.tensor([2, 0]), 32)
     assert torch.equal(rows.embeds[:8], torch.cat(prompts))
     assert torch.equal(rows.embeds[8:], prompts[1][-1].expand(24, -1))
     assert rows.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4] + [4] * 24
     assert rows.slots.tolist() == [2, 2, 2] + [0] * 29
-    assert rows.ends.tolist() == [2, 7]
+    assert ends.tolist() == [2, 7]
