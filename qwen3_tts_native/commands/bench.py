@@ -245,8 +245,9 @@ def run_concurrent(
     `launch_decode` call (batched across sessions, on the codec's stream) and collected once done, so frames
     go on while the codec works; a packet's audio counts when its PCM is on the host. Per-stream RTF counts
     from t0 to the stream's last PCM; `steps` counts the steps collected; `codec_s` is the host's time in
-    decode calls (launch, and the final wait). `decode_ahead=False` waits for each decode at once instead
-    (the server scheduler's way; benchmarks/device/decode_ahead_ab.py compares the two)."""
+    decode calls (launch, and the final wait); `prefill_s` the time from t0 to every stream's frame 0.
+    `decode_ahead=False` waits for each decode at once instead (the server scheduler's way;
+    benchmarks/device/decode_ahead_ab.py compares the two)."""
     import torch
 
     sessions = [engine.start_session(make_request(frames, seed=1000 + i)) for i in range(streams)]
@@ -297,8 +298,10 @@ def run_concurrent(
                 finished_at[i] = now
 
     truncated = False
+    prefill_s = None
     try:
         first = engine.prefill_many(sessions)
+        prefill_s = time.perf_counter() - start
         for index, result in enumerate(first):
             if result.codes is not None:
                 buffers[index].append(result.codes)
@@ -350,6 +353,7 @@ def run_concurrent(
         "per_stream_rtf": summarize(per_stream),
         "worst_stream_rtf": max(per_stream),
         "codec_s": codec_s,
+        "prefill_s": prefill_s,
         "steps": steps,
         "truncated": truncated,
     }
