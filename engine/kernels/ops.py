@@ -124,9 +124,19 @@ def qk_norm_rope_cache(
 
 
 def decode_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slots: Tensor,
+    lengths: Tensor,
+    scale: float,
+    span: int | None = None,
 ) -> Tensor:
     """One query per row over its slot's first `lengths` keys: [B, Hq, D] -> [B, Hq*D].
+
+    `span` (default: the cache's positions): a bound on every row's length that the caller guarantees; the
+    kernel's grid covers only that many positions (a row longer than it would lose its later keys). The
+    result does not depend on it.
 
     The kernel keeps scores and probabilities in fp32 (the reference rounds scores and weights to bf16),
     so it is judged against float64 attention over the same inputs: relative L2 <= 4e-3, and never
@@ -137,13 +147,14 @@ def decode_attention(
     if ext is None or not supported or slots.dtype != torch.int64 or lengths.dtype != torch.int64:
         return reference.decode_attention(q, k_cache, v_cache, slots, lengths, scale)
     batch, heads, head_dim = q.shape
+    covered = k_cache.shape[2] if span is None else span
     workspace = torch.empty(
-        ext.decode_attention_workspace(batch, heads, head_dim, k_cache.shape[2]),
+        ext.decode_attention_workspace(batch, heads, head_dim, covered),
         dtype=torch.float32,
         device=q.device,
     )
     out = torch.empty_like(q)
-    ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale)
+    ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale, covered)
     return out.view(batch, heads * head_dim)
 
 
@@ -169,9 +180,11 @@ def rope_attention(
     scale: float,
     *,
     distinct_slots: bool,
+    span: int | None = None,
 ) -> Tensor:
     """`qk_norm_rope_cache` then `decode_attention` over positions 0..position (lengths = positions + 1, which
-    the caller computes once for all layers): [B, Hq*D].
+    the caller computes once for all layers): [B, Hq*D]. `span`: `decode_attention`'s bound on the lengths
+    (used by the two-kernel path of rows that share a slot, i.e. prompt passes).
 
     For rows that all have `distinct_slots`, one kernel ropes and attends (its blocks rope the queries and
     the new key themselves and stage the new K/V from registers), plus the split merge when the cache holds
@@ -191,7 +204,7 @@ def rope_attention(
         rotated = qk_norm_rope_cache(
             q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
         )
-        return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale)
+        return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale, span)
     out = torch.empty(q.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
     workspace = None
     if k_cache.shape[2] > SHORT_CACHE:

@@ -76,11 +76,13 @@ def prompt_pass_rows(rows: int) -> int:
 
 @dataclass(frozen=True)
 class PromptRows:
-    """One prompt pass's rows: embeddings [R, H], positions [R] and cache slots [R]."""
+    """One prompt pass's rows: embeddings [R, H], positions [R] and cache slots [R]; `span` bounds every
+    row's position + 1 (the attention grid covers that many positions, not the whole cache)."""
 
     embeds: Tensor
     positions: Tensor
     slots: Tensor
+    span: int
 
     @classmethod
     def of(cls, prompts: list[Tensor], slots: Tensor, rows: int) -> tuple[PromptRows, Tensor]:
@@ -96,21 +98,27 @@ class PromptRows:
         counts = torch.tensor([*lengths[:-1], lengths[-1] + pad], device=device)
         # torch.cat copies: the pass updates its residual stream in place.
         embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
-        padded = cls(embeds, positions.to(device), slots.repeat_interleave(counts, output_size=rows))
+        padded = cls(
+            embeds, positions.to(device), slots.repeat_interleave(counts, output_size=rows), max(lengths)
+        )
         return padded, ends.to(device)
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
-        """`rows` rows of zero embeddings (`like`'s width, dtype and device) at position 0 of `slot`."""
+        """`rows` rows of zero embeddings (`like`'s width, dtype and device) at position 0 of `slot`, spanning
+        `rows` positions: what any pass of at most `rows` tokens needs (a graph's static rows)."""
         device = like.device
         return cls(
             torch.zeros(rows, like.shape[-1], dtype=like.dtype, device=device),
             torch.zeros(rows, dtype=torch.int64, device=device),
             torch.full((rows,), slot, dtype=torch.int64, device=device),
+            rows,
         )
 
     def load(self, rows: PromptRows) -> None:
-        """Copy `rows` (of the same shapes) into these tensors."""
+        """Copy `rows` (of the same shapes, and a span within this one's) into these tensors."""
+        if rows.span > self.span:
+            raise ValueError("a prompt pass spans more positions than these rows cover")
         self.embeds.copy_(rows.embeds)
         self.positions.copy_(rows.positions)
         self.slots.copy_(rows.slots)
@@ -240,6 +248,7 @@ def _run_blocks(
     cache_v: Tensor,
     scale: float,
     distinct_slots: bool,
+    span: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
@@ -248,7 +257,7 @@ def _run_blocks(
     RMSNorm are left to the caller (`ops.add_rms_norm_`, or the head's `Weight.after_rms_norm`). Each
     residual add is fused into the next RMSNorm, and on the GEMV path that into the qkv or gate/up
     projection after it (the residual stream then moves to new tensors instead). `distinct_slots`: no two
-    rows write the same cache slot (see `ops.rope_attention`).
+    rows write the same cache slot, and `span` bounds lengths (see `ops.rope_attention`).
     """
     residual, delta = x, None
     for index, blk in enumerate(blocks):
@@ -271,6 +280,7 @@ def _run_blocks(
             eps,
             scale,
             distinct_slots=distinct_slots,
+            span=span,
         )
         mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
         delta = blk.down(mlp)
@@ -345,15 +355,25 @@ class KernelFrame:
 
     def prompt_hidden(self, rows: PromptRows, cache: KVCache) -> Tensor:
         """The post-norm hidden [R, H] of every row of a prompt pass (its K/V written to the cache)."""
-        return self.talker_hidden(rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False)
+        span = min(rows.span, cache.k.shape[3])
+        return self.talker_hidden(
+            rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False, span=span
+        )
 
     def talker_hidden(
-        self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, *, distinct_slots: bool
+        self,
+        embeds: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        cache: KVCache,
+        *,
+        distinct_slots: bool,
+        span: int | None = None,
     ) -> Tensor:
         """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
         post-norm hidden [N, H]. `distinct_slots`: the rows are different sessions (a decode frame; padded
         rows share the scratch slot at position 0, where they read nothing another row writes), not the
-        tokens of one prompt."""
+        tokens of one prompt. `span`: a bound on positions + 1 (`ops.rope_attention`)."""
         x = embeds.contiguous()
         t = self.talker
         residual, delta = _run_blocks(
@@ -369,6 +389,7 @@ class KernelFrame:
             cache.v,
             self.talker_scale,
             distinct_slots=distinct_slots,
+            span=span,
         )
         return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
 

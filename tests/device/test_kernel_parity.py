@@ -134,8 +134,28 @@ def test_decode_attention(ext, batch: int, heads: int, kv_heads: int, dim: int, 
         (ext.decode_attention_workspace(batch, heads, dim, max_len),), float("nan"), device="cuda"
     )
     again = torch.empty_like(q)
-    ext.decode_attention(again, q, k_cache, v_cache, slots, lengths, poisoned, dim**-0.5)
+    ext.decode_attention(again, q, k_cache, v_cache, slots, lengths, poisoned, dim**-0.5, max_len)
     assert torch.equal(again.view(batch, heads * dim), out)
+
+
+@pytest.mark.parametrize("max_len,longest", [(512, 152), (4096, 80), (512, 64), (512, 40), (2048, 2048)])
+def test_decode_attention_over_a_span_is_bit_identical(ext, max_len: int, longest: int) -> None:  # type: ignore[no-untyped-def]
+    """A grid over the first `span` positions gives the bits of the whole-cache grid (a prompt pass's rows
+    sized by its longest prompt): the same live splits, and one live split merges to its own output. A
+    span below the cache's positions that holds every length, at several split counts (1, 2, 3, 32)."""
+    batch, heads, kv_heads, dim = 300, 16, 8, 128
+    k_cache = torch.randn(4, kv_heads, max_len, dim, device="cuda", dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=BF16) * 2
+    slots = torch.randint(0, 4, (batch,), device="cuda")
+    lengths = torch.randint(1, longest + 1, (batch,), device="cuda")
+    lengths[0] = longest
+    whole = ops.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5)
+    spanned = ops.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5, span=longest)
+    assert torch.equal(spanned, whole)
+    workspace = torch.empty(ext.decode_attention_workspace(batch, heads, dim, max_len), device="cuda")
+    with pytest.raises(RuntimeError, match="span"):
+        ext.decode_attention(torch.empty_like(q), q, k_cache, v_cache, slots, lengths, workspace, 1.0, max_len + 1)
 
 
 @pytest.mark.parametrize(

@@ -333,3 +333,18 @@ def test_prompt_passes_are_padded_with_their_last_token() -> None:
     assert rows.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4] + [4] * 24
     assert rows.slots.tolist() == [2, 2, 2] + [0] * 29
     assert ends.tolist() == [2, 7]
+
+
+def test_a_prompt_pass_spans_its_longest_prompt() -> None:
+    """A pass's attention grid covers its longest prompt, a graph's static rows their whole bucket; rows
+    spanning more than a graph's cannot be loaded into it (their later keys would be dropped)."""
+    prompts = [torch.zeros(3, 8), torch.zeros(5, 8)]
+    rows, _ = graphs.PromptRows.of(prompts, torch.tensor([2, 0]), 32)
+    assert rows.span == 5
+    static = graphs.PromptRows.zeros(32, prompts[0], slot=1)
+    assert static.span == 32
+    static.load(rows)
+    assert torch.equal(static.positions, rows.positions)
+    narrow = graphs.PromptRows.zeros(4, prompts[0], slot=1)
+    with pytest.raises(ValueError, match="spans more positions"):
+        narrow.load(graphs.PromptRows.of([torch.zeros(5, 8)], torch.tensor([0]), 5)[0])

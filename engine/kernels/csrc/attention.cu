@@ -8,7 +8,9 @@
 // positions). Pass 2 merges the splits (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
 // cache write of the new token (rope_attention_kernel).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
-// work still follows the real length.
+// work still follows the real length. decode_attention's grid covers only its `span` first positions when
+// the caller knows a bound on the lengths (a prompt pass: its longest prompt), since at thousands of rows
+// the blocks of dead splits cost more than the live ones.
 #include <math_constants.h>
 
 #include <type_traits>
@@ -418,11 +420,11 @@ bool dispatch_attention(int head_dim, int groups, int warps, Launch&& launch) {
 
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
                              const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
-                             int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
+                             int q_heads, int kv_heads, int head_dim, int max_len, int span, int split_len,
                              float scale, cudaStream_t stream) {
-  if (split_len != kTile || q_heads % kv_heads != 0) return cudaErrorInvalidValue;
+  if (split_len != kTile || q_heads % kv_heads != 0 || span < 1 || span > max_len) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
-  const int splits = decode_attention_splits(max_len, split_len);
+  const int splits = decode_attention_splits(span, split_len);
   const int warps = block_warps(max_len);
   const dim3 grid(splits, kv_heads, batch);
   const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {

@@ -114,7 +114,7 @@ void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Ten
 }
 
 void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
-                      at::Tensor lengths, at::Tensor workspace, double scale) {
+                      at::Tensor lengths, at::Tensor workspace, double scale, int64_t span) {
   for (auto* t : {&out, &q, &k_cache, &v_cache}) check(*t, "tensor", at::kBFloat16);
   check(slots, "slots", at::kLong);
   check(lengths, "lengths", at::kLong);
@@ -122,12 +122,13 @@ void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tens
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && out.is_contiguous(), "q/out must be contiguous [B, heads, D]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   const int64_t batch = q.size(0), q_heads = q.size(1), head_dim = q.size(2);
-  TORCH_CHECK(workspace.numel() >= decode_attention_workspace(batch, q_heads, head_dim, k_cache.size(2)),
+  TORCH_CHECK(span >= 1 && span <= k_cache.size(2), "span must be in 1..cache positions");
+  TORCH_CHECK(workspace.numel() >= decode_attention_workspace(batch, q_heads, head_dim, span),
               "workspace too small");
   const c10::cuda::CUDAGuard guard(q.device());
   ok(q3tts::decode_attention(out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                              slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), workspace.data_ptr<float>(),
-                             batch, q_heads, k_cache.size(1), head_dim, k_cache.size(2), 64,
+                             batch, q_heads, k_cache.size(1), head_dim, k_cache.size(2), span, 64,
                              static_cast<float>(scale), stream()),
      "decode_attention");
 }

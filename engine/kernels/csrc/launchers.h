@@ -24,10 +24,13 @@ cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const 
                                int kv_heads, int head_dim, int max_len, float eps, cudaStream_t stream);
 
 // Split-K decode attention of one query per row over its slot's first lengths[b] cache entries.
-// q [batch, q_heads, D]; out [batch, q_heads, D]; workspace holds batch*q_heads*num_splits*(D+2) floats.
+// q [batch, q_heads, D]; out [batch, q_heads, D]; workspace holds batch*q_heads*num_splits(span)*(D+2) floats.
+// The grid covers the first `span` (<= max_len) positions, so every lengths[b] must be <= span; the result
+// does not depend on span (a split's partial depends only on its own keys, and a single live split merges
+// to exactly its own normalised output).
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
                              const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
-                             int q_heads, int kv_heads, int head_dim, int max_len, int split_len,
+                             int q_heads, int kv_heads, int head_dim, int max_len, int span, int split_len,
                              float scale, cudaStream_t stream);
 int decode_attention_splits(int max_len, int split_len);
 
