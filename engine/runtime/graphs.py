@@ -16,7 +16,9 @@ weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bou
 (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of all the sessions prefilled together are the rows of one pass, one row per token
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of
-the batch's bucket. Modes (runtime/modes.py) differ only in the GEMV weights: bf16 (exact) or 8-bit
+the batch's bucket. A pass above the largest prompt bucket (several sessions prefilled together) has no
+graph and attends through torch's flash attention over each prompt (`PromptLayout`) instead of the
+per-row decode kernel. Modes (runtime/modes.py) differ only in the GEMV weights: bf16 (exact) or 8-bit
 (fast).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
@@ -76,13 +78,11 @@ def prompt_pass_rows(rows: int) -> int:
 
 @dataclass(frozen=True)
 class PromptRows:
-    """One prompt pass's rows: embeddings [R, H], positions [R] and cache slots [R]; `span` bounds every
-    row's position + 1 (the attention grid covers that many positions, not the whole cache)."""
+    """One prompt pass's rows: embeddings [R, H], positions [R] and cache slots [R]."""
 
     embeds: Tensor
     positions: Tensor
     slots: Tensor
-    span: int
 
     @classmethod
     def of(cls, prompts: list[Tensor], slots: Tensor, rows: int) -> tuple[PromptRows, Tensor]:
@@ -98,30 +98,60 @@ class PromptRows:
         counts = torch.tensor([*lengths[:-1], lengths[-1] + pad], device=device)
         # torch.cat copies: the pass updates its residual stream in place.
         embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
-        padded = cls(
-            embeds, positions.to(device), slots.repeat_interleave(counts, output_size=rows), max(lengths)
-        )
+        padded = cls(embeds, positions.to(device), slots.repeat_interleave(counts, output_size=rows))
         return padded, ends.to(device)
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
-        """`rows` rows of zero embeddings (`like`'s width, dtype and device) at position 0 of `slot`, spanning
-        `rows` positions: what any pass of at most `rows` tokens needs (a graph's static rows)."""
+        """`rows` rows of zero embeddings (`like`'s width, dtype and device) at position 0 of `slot`."""
         device = like.device
         return cls(
             torch.zeros(rows, like.shape[-1], dtype=like.dtype, device=device),
             torch.zeros(rows, dtype=torch.int64, device=device),
             torch.full((rows,), slot, dtype=torch.int64, device=device),
-            rows,
         )
 
     def load(self, rows: PromptRows) -> None:
-        """Copy `rows` (of the same shapes, and a span within this one's) into these tensors."""
-        if rows.span > self.span:
-            raise ValueError("a prompt pass spans more positions than these rows cover")
+        """Copy `rows` (of the same shapes) into these tensors."""
         self.embeds.copy_(rows.embeds)
         self.positions.copy_(rows.positions)
         self.slots.copy_(rows.slots)
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """Where the rows of a pass of whole, unpadded prompts sit in a [prompts, longest] grid, for a tiled
+    causal attention over each prompt (`attend`) in passes above the largest graph bucket.
+
+    Why: the decode attention kernel runs a block per (row, KV head, 64-key split) and reads each row's keys
+    itself, so a prompt of L tokens reads its keys L times; at 64 prompts of 152 tokens that was 38 ms of a
+    prefill's 88 (run 27). A flash attention reads them once per tile of queries. Bucketed passes keep the
+    kernel, which their graphs replay bit for bit.
+    """
+
+    slots: Tensor  # [P] each prompt's cache slot
+    grid_rows: Tensor  # [R] each pass row's index in the flattened [P * longest] grid
+    longest: int
+
+    @classmethod
+    def of(cls, prompts: list[Tensor], slots: Tensor) -> PromptLayout:
+        lengths = [p.shape[0] for p in prompts]
+        longest = max(lengths)
+        grid_rows = torch.cat([torch.arange(n) + i * longest for i, n in enumerate(lengths)])
+        return cls(slots, grid_rows.to(slots.device), longest)
+
+    def attend(self, queries: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float) -> Tensor:
+        """Each row's roped queries [R, Hq, D] over its prompt's keys 0..its position, which the pass has
+        written to the cache [slots, Hkv, positions, D]: [R, Hq * D]."""
+        heads, dim = queries.shape[1:]
+        prompts, longest = self.slots.shape[0], self.longest
+        grid = queries.new_zeros(prompts * longest, heads, dim).index_copy_(0, self.grid_rows, queries)
+        grid = grid.view(prompts, longest, heads, dim).transpose(1, 2)
+        groups = heads // k_cache.shape[1]
+        keys = k_cache[:, :, :longest].index_select(0, self.slots).repeat_interleave(groups, dim=1)
+        values = v_cache[:, :, :longest].index_select(0, self.slots).repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(grid, keys, values, is_causal=True, scale=scale)
+        return out.transpose(1, 2).reshape(prompts * longest, heads * dim).index_select(0, self.grid_rows)
 
 
 @dataclass(frozen=True)
@@ -249,6 +279,7 @@ def _run_blocks(
     scale: float,
     distinct_slots: bool,
     span: int | None = None,
+    layout: PromptLayout | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
@@ -257,31 +288,38 @@ def _run_blocks(
     RMSNorm are left to the caller (`ops.add_rms_norm_`, or the head's `Weight.after_rms_norm`). Each
     residual add is fused into the next RMSNorm, and on the GEMV path that into the qkv or gate/up
     projection after it (the residual stream then moves to new tensors instead). `distinct_slots`: no two
-    rows write the same cache slot, and `span` bounds lengths (see `ops.rope_attention`).
+    rows write the same cache slot, and `span` bounds lengths (see `ops.rope_attention`). With a `layout`
+    (a pass of whole prompts above the graph buckets) the attention is `PromptLayout.attend`.
     """
     residual, delta = x, None
     for index, blk in enumerate(blocks):
         qkv, residual = blk.qkv.after_rms_norm(residual, delta, blk.input_norm, eps)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         k_cache, v_cache = cache_k[index], cache_v[index]
-        attended = ops.rope_attention(
-            q,
-            k,
-            v,
-            blk.q_norm,
-            blk.k_norm,
-            cos,
-            sin,
-            positions,
-            lengths,
-            slots,
-            k_cache,
-            v_cache,
-            eps,
-            scale,
-            distinct_slots=distinct_slots,
-            span=span,
-        )
+        if layout is not None:
+            roped = ops.qk_norm_rope_cache(
+                q, k, v, blk.q_norm, blk.k_norm, cos, sin, positions, slots, k_cache, v_cache, eps
+            )
+            attended = layout.attend(roped, k_cache, v_cache, scale)
+        else:
+            attended = ops.rope_attention(
+                q,
+                k,
+                v,
+                blk.q_norm,
+                blk.k_norm,
+                cos,
+                sin,
+                positions,
+                lengths,
+                slots,
+                k_cache,
+                v_cache,
+                eps,
+                scale,
+                distinct_slots=distinct_slots,
+                span=span,
+            )
         mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
         delta = blk.down(mlp)
     assert delta is not None
@@ -349,15 +387,19 @@ class KernelFrame:
 
     def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
         """One pass over whole prompts, padded to `prompt_pass_rows` (the rows a graph replay would run, so
-        that this eager pass and the graph compute the same products)."""
-        rows, ends = PromptRows.of(prompts, slots, prompt_pass_rows(sum(p.shape[0] for p in prompts)))
-        return self.prompt_hidden(rows, cache).index_select(0, ends)
+        that this eager pass and the graph compute the same products); above the largest bucket, unpadded
+        and attending through a `PromptLayout`."""
+        count = prompt_pass_rows(sum(p.shape[0] for p in prompts))
+        rows, ends = PromptRows.of(prompts, slots, count)
+        layout = None if count in PROMPT_BUCKETS else PromptLayout.of(prompts, slots)
+        return self.prompt_hidden(rows, cache, layout).index_select(0, ends)
 
-    def prompt_hidden(self, rows: PromptRows, cache: KVCache) -> Tensor:
-        """The post-norm hidden [R, H] of every row of a prompt pass (its K/V written to the cache)."""
-        span = min(rows.span, cache.k.shape[3])
+    def prompt_hidden(self, rows: PromptRows, cache: KVCache, layout: PromptLayout | None = None) -> Tensor:
+        """The post-norm hidden [R, H] of every row of a prompt pass (its K/V written to the cache). No row
+        attends to more keys than the pass has rows, so the attention grid spans that many positions."""
+        span = min(rows.positions.shape[0], cache.k.shape[3])
         return self.talker_hidden(
-            rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False, span=span
+            rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False, span=span, layout=layout
         )
 
     def talker_hidden(
@@ -369,11 +411,12 @@ class KernelFrame:
         *,
         distinct_slots: bool,
         span: int | None = None,
+        layout: PromptLayout | None = None,
     ) -> Tensor:
         """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
         post-norm hidden [N, H]. `distinct_slots`: the rows are different sessions (a decode frame; padded
         rows share the scratch slot at position 0, where they read nothing another row writes), not the
-        tokens of one prompt. `span`: a bound on positions + 1 (`ops.rope_attention`)."""
+        tokens of one prompt. `span` and `layout`: as `_run_blocks`'s."""
         x = embeds.contiguous()
         t = self.talker
         residual, delta = _run_blocks(
@@ -390,6 +433,7 @@ class KernelFrame:
             self.talker_scale,
             distinct_slots=distinct_slots,
             span=span,
+            layout=layout,
         )
         return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
 

@@ -155,7 +155,34 @@ def test_decode_attention_over_a_span_is_bit_identical(ext, max_len: int, longes
     assert torch.equal(spanned, whole)
     workspace = torch.empty(ext.decode_attention_workspace(batch, heads, dim, max_len), device="cuda")
     with pytest.raises(RuntimeError, match="span"):
-        ext.decode_attention(torch.empty_like(q), q, k_cache, v_cache, slots, lengths, workspace, 1.0, max_len + 1)
+        out = torch.empty_like(q)
+        ext.decode_attention(out, q, k_cache, v_cache, slots, lengths, workspace, 1.0, max_len + 1)
+
+
+def test_prompt_layout_attention_on_cuda() -> None:
+    """A pass of whole prompts above the graph buckets attends through `PromptLayout.attend` (torch's flash
+    attention over a [prompts, longest] grid): judged like decode_attention, against float64 attention over
+    the same bf16 inputs, within 1e-2 relative L2 (flash rounds the probabilities to bf16 before P.V, as the
+    bf16 reference does) and no farther than 1.5x the bf16 reference's own distance."""
+    from qwen3_tts_native.engine.runtime.graphs import PromptLayout
+
+    heads, kv_heads, dim, cache_len = 16, 8, 128, 320
+    lengths = [152] * 8 + [37, 151, 1, 300]
+    slots = torch.randperm(16, device="cuda")[: len(lengths)]
+    k_cache = torch.randn(16, kv_heads, cache_len, dim, device="cuda", dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    queries = torch.randn(sum(lengths), heads, dim, device="cuda", dtype=BF16) * 2
+    positions = torch.cat([torch.arange(n, device="cuda") for n in lengths])
+    row_slots = slots.repeat_interleave(torch.tensor(lengths, device="cuda"))
+    prompts = [torch.zeros(n, 1, device="cuda") for n in lengths]
+    got = PromptLayout.of(prompts, slots).attend(queries, k_cache, v_cache, dim**-0.5)
+    exact = reference.decode_attention(
+        queries.double(), k_cache.double(), v_cache.double(), row_slots, positions + 1, dim**-0.5
+    )
+    expected = reference.decode_attention(queries, k_cache, v_cache, row_slots, positions + 1, dim**-0.5)
+    assert not torch.isnan(got.float()).any()
+    assert rel(got, exact) <= 1e-2
+    assert rel(got, exact) <= 1.5 * rel(expected, exact)
 
 
 @pytest.mark.parametrize(

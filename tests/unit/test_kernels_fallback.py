@@ -335,16 +335,20 @@ def test_prompt_passes_are_padded_with_their_last_token() -> None:
     assert ends.tolist() == [2, 7]
 
 
-def test_a_prompt_pass_spans_its_longest_prompt() -> None:
-    """A pass's attention grid covers its longest prompt, a graph's static rows their whole bucket; rows
-    spanning more than a graph's cannot be loaded into it (their later keys would be dropped)."""
-    prompts = [torch.zeros(3, 8), torch.zeros(5, 8)]
-    rows, _ = graphs.PromptRows.of(prompts, torch.tensor([2, 0]), 32)
-    assert rows.span == 5
-    static = graphs.PromptRows.zeros(32, prompts[0], slot=1)
-    assert static.span == 32
-    static.load(rows)
-    assert torch.equal(static.positions, rows.positions)
-    narrow = graphs.PromptRows.zeros(4, prompts[0], slot=1)
-    with pytest.raises(ValueError, match="spans more positions"):
-        narrow.load(graphs.PromptRows.of([torch.zeros(5, 8)], torch.tensor([0]), 5)[0])
+def test_a_prompt_layout_attends_like_the_decode_attention() -> None:
+    """`PromptLayout.attend` (a causal attention over each prompt of a pass, in a [prompts, longest] grid)
+    gives each row the attention of its queries over its own prompt's keys 0..its position, as the decode
+    attention does row by row; keys of other slots and stale cache entries past a prompt do not leak in."""
+    g = torch.Generator().manual_seed(5)
+    lengths, slots = [3, 7, 1, 5], torch.tensor([4, 0, 2, 1])
+    heads, kv_heads, dim, positions_total = 4, 2, 16, 12
+    k_cache = torch.randn(5, kv_heads, positions_total, dim, generator=g)
+    v_cache = torch.randn(5, kv_heads, positions_total, dim, generator=g)
+    queries = torch.randn(sum(lengths), heads, dim, generator=g)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    row_slots = slots.repeat_interleave(torch.tensor(lengths))
+    prompts = [torch.zeros(n, 8) for n in lengths]
+    got = graphs.PromptLayout.of(prompts, slots).attend(queries, k_cache, v_cache, dim**-0.5)
+    expected = reference.decode_attention(queries, k_cache, v_cache, row_slots, positions + 1, dim**-0.5)
+    assert got.shape == expected.shape == (sum(lengths), heads * dim)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
