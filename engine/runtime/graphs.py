@@ -145,11 +145,19 @@ class PromptLayout:
         written to the cache [slots, Hkv, positions, D]: [R, Hq * D]."""
         heads, dim = queries.shape[1:]
         prompts, longest = self.slots.shape[0], self.longest
-        grid = queries.new_zeros(prompts * longest, heads, dim).index_copy_(0, self.grid_rows, queries)
+        # Grid cells past a prompt's end stay uninitialised: they are queries nobody reads, and a causal
+        # attention row depends on its own query only.
+        grid = queries.new_empty(prompts * longest, heads, dim).index_copy_(0, self.grid_rows, queries)
         grid = grid.view(prompts, longest, heads, dim).transpose(1, 2)
-        groups = heads // k_cache.shape[1]
-        keys = k_cache[:, :, :longest].index_select(0, self.slots).repeat_interleave(groups, dim=1)
-        values = v_cache[:, :, :longest].index_select(0, self.slots).repeat_interleave(groups, dim=1)
+
+        def per_query_head(cache: Tensor) -> Tensor:
+            """[prompts, heads, longest, D]: query head h reads KV head h // group (one copy)."""
+            picked = cache[:, :, :longest].index_select(0, self.slots)
+            kv_heads = picked.shape[1]
+            grouped = picked.unsqueeze(2).expand(prompts, kv_heads, heads // kv_heads, longest, dim)
+            return grouped.reshape(prompts, heads, longest, dim)
+
+        keys, values = per_query_head(k_cache), per_query_head(v_cache)
         out = F.scaled_dot_product_attention(grid, keys, values, is_causal=True, scale=scale)
         return out.transpose(1, 2).reshape(prompts * longest, heads * dim).index_select(0, self.grid_rows)
 
