@@ -92,12 +92,6 @@ of this many. It bounds the activations: the largest is the unfolded input of th
 the GEMM path (96 channels x 7 taps x 1920 samples, 5 MB a frame and stream in float32), so a full pass
 holds ~0.3 GB per stream on CUDA at the peak. The engine's packets (1..4 frames) are single passes."""
 
-TAP_MIN_COLUMNS = 8192
-"""A residual unit's dilated 7-tap conv on the GEMM path runs as accumulated taps (`conv1d_as_taps`) from
-this many input columns (streams x samples, history included), below it on the unfolded copy
-(`conv1d_as_gemm`): the copy is 7 times the activations, which at 64 streams was 7.3 of a 15.5 ms bf16
-packet (run 14), while small passes are launch bound and taps are 7 GEMMs instead of a copy and one."""
-
 
 @dataclass
 class CodecStreamState:
@@ -204,42 +198,6 @@ def _conv_rows(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) ->
     return torch.addmm(bias[:, None], flat, columns)
 
 
-def _channel_major_cat(history: Tensor, x: Tensor) -> Tensor:
-    """torch.cat([history, x], dim=-1) [B, C, L] in channel-major storage ([C, B, L]), the layout
-    `conv1d_as_taps` reads: each channel is one row over every stream's samples."""
-    batch, channels, context = history.shape
-    out = x.new_empty(channels, batch, context + x.shape[-1])
-    out[:, :, :context].copy_(history.transpose(0, 1))
-    out[:, :, context:].copy_(x.transpose(0, 1))
-    return out.transpose(0, 1)
-
-
-def conv1d_as_taps(x: Tensor, tap_weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
-    """`conv1d_as_gemm` without the unfolded copy, as K accumulated GEMMs: x [B, C, L] channel-major
-    (`_channel_major_cat`), tap_weight [K, O, C] -> [B, O, L - (K - 1) * dilation], a view of an [O, B, L]
-    buffer (each stream's last (K - 1) * dilation columns are scratch).
-
-    On the flattened (stream, sample) axis, output column n is sum_k W_k x[:, n + k * dilation], so tap k is
-    the GEMM of W_k with x's columns from k * dilation on, a strided view: no copy of the input. Columns whose
-    taps straddle two streams are computed and dropped. Same math as `conv1d_as_gemm`; the taps are added in
-    order, one rounding each."""
-    kernel, out_channels, channels = tap_weight.shape
-    batch, _, length = x.shape
-    rows = x.transpose(0, 1).reshape(channels, batch * length)
-    span = (kernel - 1) * dilation
-    columns = batch * length - span
-    out = x.new_empty(out_channels, batch * length)
-    valid = out[:, :columns]
-    if bias is None:
-        torch.mm(tap_weight[0], rows[:, :columns], out=valid)
-    else:
-        torch.addmm(bias[:, None], tap_weight[0], rows[:, :columns], out=valid)
-    for tap in range(1, kernel):
-        start = tap * dilation
-        valid.addmm_(tap_weight[tap], rows[:, start : start + columns])
-    return out.view(out_channels, batch, length)[:, :, : length - span].transpose(0, 1)
-
-
 def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
     """`F.conv1d(x, weight, bias, dilation=dilation)` (no padding, one group) as one GEMM over the unfolded
     input, x [B, C, T + (K - 1) * dilation] (any strides) -> channel-major [B, O, T]: weight [O, C*K] @
@@ -258,55 +216,30 @@ def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int
     return _batch_view(_conv_rows(x, weight, bias, dilation), x.shape[0])
 
 
-class CausalConv1d(_Streamed, _Derived):
-    """Conv1d with (kernel - 1) * dilation samples of left context and none on the right (stride 1).
-
-    With `taps` (a residual unit's conv), large passes on the GEMM path run as accumulated taps
-    (`TAP_MIN_COLUMNS`), from `tap_weight` [K, O, C], the weight derived once per tap."""
-
-    tap_weight: Tensor
+class CausalConv1d(_Streamed):
+    """Conv1d with (kernel - 1) * dilation samples of left context and none on the right (stride 1)."""
 
     def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int,
-        dilation: int = 1,
-        groups: int = 1,
-        taps: bool = False,
+        self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1
     ):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.context = (kernel_size - 1) * dilation
-        self.taps = taps and groups == 1 and self.context > 0
-        self.register_buffer("tap_weight", torch.empty(0), persistent=False)
-        self._derive()
-
-    def _derive(self) -> None:
-        if self.taps:
-            self.tap_weight = self.conv.weight.permute(2, 0, 1).contiguous()
 
     def context_shape(self) -> tuple[int, int]:
         return self.conv.in_channels, self.context
 
     def forward(self, x: Tensor, state: CodecStreamState, bias: bool = True) -> Tensor:
         """Without `bias` the conv's bias is the caller's to add (a SnakeBeta after it adds it for free)."""
+        if self.context > 0:
+            x = torch.cat([state.history[self.state_key], x], dim=-1)
+            state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
         conv = self.conv
-        offset = conv.bias if bias else None
-        gemm = conv.groups == 1 and _gemm_path(x)
-        if self.context == 0:
-            if gemm:
-                return conv1d_as_gemm(x, conv.weight, offset, conv.dilation[0])
-            return F.conv1d(x, conv.weight, offset, groups=conv.groups)
-        history = state.history[self.state_key]
-        taps = gemm and self.taps and x.shape[0] * (self.context + x.shape[-1]) >= TAP_MIN_COLUMNS
-        x = _channel_major_cat(history, x) if taps else torch.cat([history, x], dim=-1)
-        state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
-        if taps:
-            return conv1d_as_taps(x, self.tap_weight, offset, conv.dilation[0])
-        if gemm:
-            return conv1d_as_gemm(x, conv.weight, offset, conv.dilation[0])
-        return F.conv1d(x, conv.weight, offset, dilation=conv.dilation, groups=conv.groups)
+        if conv.groups == 1 and _gemm_path(x):
+            return conv1d_as_gemm(x, conv.weight, conv.bias if bias else None, conv.dilation[0])
+        return F.conv1d(
+            x, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups
+        )
 
 
 def conv_transpose1d_as_gemm(x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, stride: int) -> Tensor:
@@ -630,7 +563,7 @@ class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
         super().__init__()
         self.act1 = SnakeBeta(dim)
-        self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation, taps=True)
+        self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation)
         self.act2 = SnakeBeta(dim)
         self.conv2 = PointwiseResidual(dim)
 

@@ -1,7 +1,7 @@
 """The CUDA codec's GEMM formulation (codec.py: `conv1d_as_gemm` and its siblings), checked on CPU in float64,
 where only the math counts: each GEMM form computes its layer for one stream and for a batch (the batch is
 folded into the GEMM's N), from contiguous or channel-major inputs, and the whole decoder run through that
-path (with and without accumulated taps) equals the CPU path's decode.
+path equals the CPU path's decode.
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ from torch import Tensor
 from qwen3_tts_native.engine.config import VoiceDesignConfig
 from qwen3_tts_native.engine.model import codec
 from qwen3_tts_native.engine.model.codec import (
-    CausalConv1d,
     CausalConvTranspose1d,
     SpeechDecoder,
-    _channel_major_cat,
     conv1d_as_gemm,
-    conv1d_as_taps,
     conv_transpose1d_as_gemm,
     pointwise_residual_as_gemm,
 )
@@ -70,32 +67,6 @@ def test_conv1d_as_gemm_is_the_convolution(
     assert got.shape == expected.shape == (batch, out_channels, steps)
     torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
     assert is_channel_major(got)
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("steps", [1, 4, 9])
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize(("channels", "kernel", "dilation"), [(16, 7, 1), (16, 7, 3), (12, 7, 9), (8, 3, 1)])
-def test_conv1d_as_taps_is_the_convolution(
-    channels: int, kernel: int, dilation: int, bias: bool, steps: int, batch: int
-) -> None:
-    """Accumulated taps over the channel-major concatenation of a history and new samples (either layout)
-    give the convolution, and the history's view is the last samples of that concatenation."""
-    seed = channels * 100 + kernel * 10 + dilation
-    module = CausalConv1d(channels, channels, kernel, dilation=dilation, taps=True).double()
-    weight = module.conv.weight
-    offset = randn(channels, seed=seed + 1) if bias else None
-    context = (kernel - 1) * dilation
-    history, x = randn(batch, channels, context, seed=seed + 2), randn(batch, channels, steps, seed=seed + 3)
-    expected = F.conv1d(torch.cat([history, x], dim=-1), weight, offset, dilation=dilation)
-    for layout in (lambda t: t, channel_major):
-        padded = _channel_major_cat(history, layout(x))
-        torch.testing.assert_close(padded, torch.cat([history, x], dim=-1), rtol=0, atol=0)
-        got = conv1d_as_taps(padded, module.tap_weight, offset, dilation)
-        assert got.shape == expected.shape == (batch, channels, steps)
-        torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
-    assert module.tap_weight.shape == (kernel, channels, channels)
-    assert module.tap_weight.dtype == torch.float64  # re-derived by the conversion
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -167,30 +138,3 @@ def test_decoder_on_the_gemm_path_equals_the_cpu_path(
     for start, size in ((0, 1), (1, 4), (5, 3), (8, 16)):
         packets.append(decoder64(codes[..., start : start + size], state, clamp=False))
     torch.testing.assert_close(torch.cat(packets, dim=1), cpu_path, rtol=EXACT, atol=EXACT)
-
-
-def test_decoder_through_accumulated_taps_equals_the_cpu_path(
-    decoder64: SpeechDecoder,
-    codes: Tensor,
-    cpu_path: Tensor,
-    gemm_path: None,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every pass's residual-unit convs as accumulated taps (the threshold at 0): one-shot and in packets,
-    with the taps' channel-major histories handed over between packets, the CPU path's waveform."""
-    monkeypatch.setattr(codec, "TAP_MIN_COLUMNS", 0)
-    calls = []
-    taps = codec.conv1d_as_taps
-
-    def counted(*args: object) -> Tensor:
-        calls.append(1)
-        return taps(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(codec, "conv1d_as_taps", counted)
-    one_shot = decoder64.decode(codes, clamp=False)
-    torch.testing.assert_close(one_shot, cpu_path, rtol=EXACT, atol=EXACT)
-    state, packets = decoder64.new_stream_state(3), []
-    for start, size in ((0, 1), (1, 4), (5, 3), (8, 16)):
-        packets.append(decoder64(codes[..., start : start + size], state, clamp=False))
-    torch.testing.assert_close(torch.cat(packets, dim=1), cpu_path, rtol=EXACT, atol=EXACT)
-    assert calls
