@@ -26,6 +26,7 @@ SOURCES = (
     "gemv.cu",
     "sampling.cu",
     "snake.cu",
+    "unfold.cu",
 )
 HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "rope.cuh")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"

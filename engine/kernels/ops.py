@@ -33,6 +33,7 @@ __all__ = [
     "set_dependent_launch",
     "silu_mul",
     "snake_beta",
+    "unfold_columns",
 ]
 
 
@@ -257,6 +258,22 @@ def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor 
         return reference.snake_beta(x, frequency, inverse_beta, bias)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ext.snake_beta(out, x, frequency, inverse_beta, bias)
+    return out
+
+
+def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:
+    """The [C * kernel, B * T] columns of a conv as one GEMM over the samples [history | x]
+    (`reference.unfold_columns`), float32 or bf16, any strides: one copy kernel moving 16 bytes a thread that
+    reads the history or x by sample index, so the concatenation is never made; bit-identical."""
+    tensors = (x,) if history is None else (x, history)
+    ext = _ext(*tensors, dtype=None)
+    if ext is None or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 3:
+        return reference.unfold_columns(x, kernel, dilation, history)
+    batch, channels, samples = x.shape
+    context = 0 if history is None else history.shape[-1]
+    length = context + samples - (kernel - 1) * dilation
+    out = torch.empty(channels * kernel, batch * length, dtype=x.dtype, device=x.device)
+    ext.unfold_columns(out, x, history, kernel, dilation)
     return out
 
 

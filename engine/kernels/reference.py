@@ -104,6 +104,15 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return layers.swiglu(gate, up)
 
 
+def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:
+    """samples = [history | x] [B, C, (kernel - 1) * dilation + T] -> [C * kernel, B * T], row (c, k) * B + b
+    holding samples[b, c, k * dilation :][:T]: the input of a conv as one GEMM (`codec.conv1d_as_gemm`)."""
+    samples = x if history is None else torch.cat([history, x], dim=-1)
+    channels = x.shape[1]
+    columns = samples.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
+    return columns.permute(1, 3, 0, 2).reshape(channels * kernel, -1)
+
+
 def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor | None = None) -> Tensor:
     """The codec's SnakeBeta of x [B, C, T] (plus a per-channel bias first, when given), from per-channel
     e^alpha and 1 / (e^beta + 1e-9) [C]: the official expression op by op,

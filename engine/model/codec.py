@@ -187,21 +187,26 @@ def _batch_view(rows: Tensor, batch: int) -> Tensor:
     return rows.view(rows.shape[0], batch, -1).transpose(0, 1)
 
 
-def _conv_rows(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+def _conv_rows(
+    x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
+) -> Tensor:
     """The conv of `conv1d_as_gemm` as its GEMM output [O, B * T]."""
     out_channels, in_channels, kernel = weight.shape
-    columns = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
-    columns = columns.permute(1, 3, 0, 2).reshape(in_channels * kernel, -1)  # [C * K, B * T]
+    columns = ops.unfold_columns(x, kernel, dilation, history)  # [C * K, B * T]
     flat = weight.reshape(out_channels, in_channels * kernel)
     if bias is None:
         return torch.mm(flat, columns)
     return torch.addmm(bias[:, None], flat, columns)
 
 
-def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
-    """`F.conv1d(x, weight, bias, dilation=dilation)` (no padding, one group) as one GEMM over the unfolded
-    input, x [B, C, T + (K - 1) * dilation] (any strides) -> channel-major [B, O, T]: weight [O, C*K] @
-    columns [C*K, B*T] (+ bias).
+def conv1d_as_gemm(
+    x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
+) -> Tensor:
+    """`F.conv1d(s, weight, bias, dilation=dilation)` (no padding, one group) of the samples s = [history | x]
+    (x alone without a history) as one GEMM over the unfolded input, s [B, C, T + (K - 1) * dilation] (any
+    strides) -> channel-major [B, O, T]: weight [O, C*K] @ columns [C*K, B*T] (+ bias). The columns are
+    copied from the history and x directly (`ops.unfold_columns`), so a causal conv's context is never
+    concatenated with its input.
 
     Why on CUDA: a frame gives the codec's convs only 4..1920 output steps a stream, where cuDNN's float32
     kernels reached ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and
@@ -213,7 +218,15 @@ def conv1d_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int
     strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
     follows cuBLAS's blocking.
     """
-    return _batch_view(_conv_rows(x, weight, bias, dilation), x.shape[0])
+    return _batch_view(_conv_rows(x, weight, bias, dilation, history), x.shape[0])
+
+
+def _last_samples(history: Tensor, x: Tensor, count: int) -> Tensor:
+    """The last `count` samples of [history | x]: a view of x when it has that many (the next pass's history,
+    which `CodecStreamState.compact` or a graph's scatter copies out), else a small concatenation."""
+    if x.shape[-1] >= count:
+        return x[..., x.shape[-1] - count :]
+    return torch.cat([history[..., x.shape[-1] :], x], dim=-1)
 
 
 class CausalConv1d(_Streamed):
@@ -231,20 +244,23 @@ class CausalConv1d(_Streamed):
 
     def forward(self, x: Tensor, state: CodecStreamState, bias: bool = True) -> Tensor:
         """Without `bias` the conv's bias is the caller's to add (a SnakeBeta after it adds it for free)."""
-        if self.context > 0:
-            x = torch.cat([state.history[self.state_key], x], dim=-1)
-            state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
         conv = self.conv
+        offset = conv.bias if bias else None
+        history = state.history[self.state_key] if self.context > 0 else None
+        if history is not None:
+            state.history[self.state_key] = _last_samples(history, x, self.context)
         if conv.groups == 1 and _gemm_path(x):
-            return conv1d_as_gemm(x, conv.weight, conv.bias if bias else None, conv.dilation[0])
-        return F.conv1d(
-            x, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups
-        )
+            return conv1d_as_gemm(x, conv.weight, offset, conv.dilation[0], history)
+        if history is not None:
+            x = torch.cat([history, x], dim=-1)
+        return F.conv1d(x, conv.weight, offset, dilation=conv.dilation, groups=conv.groups)
 
 
-def conv_transpose1d_as_gemm(x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, stride: int) -> Tensor:
-    """The causal transposed conv of `CausalConvTranspose1d` as one GEMM: input x [B, C, m - 1 + T] (left
-    context first) -> the T new blocks [B, O, T * stride].
+def conv_transpose1d_as_gemm(
+    x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, stride: int, history: Tensor | None = None
+) -> Tensor:
+    """The causal transposed conv of `CausalConvTranspose1d` as one GEMM: input [history | x]
+    [B, C, m - 1 + T] (left context first) -> the T new blocks [B, O, T * stride].
 
     Output sample t * s + r of a new frame t is sum over j' < m of W[:, :, (m - 1 - j') * s + r]^T x[t + j']:
     a stride-1 conv of kernel m over the input frames (`conv1d_as_gemm`) whose O * s output channels are the
@@ -252,7 +268,7 @@ def conv_transpose1d_as_gemm(x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, 
     (`CausalConvTranspose1d` derives them); the (channel, phase, stream, frame) result is reordered to
     (channel, stream, frame, phase), channel-major like `conv1d_as_gemm`'s.
     """
-    blocks = _conv_rows(x, gemm_weight, gemm_bias, 1)  # [(channel, phase), (stream, frame)]
+    blocks = _conv_rows(x, gemm_weight, gemm_bias, 1, history)  # [(channel, phase), (stream, frame)]
     out_channels = blocks.shape[0] // stride
     batch = x.shape[0]
     samples = blocks.view(out_channels, stride, batch, -1).permute(0, 2, 3, 1).reshape(out_channels, -1)
@@ -297,11 +313,13 @@ class CausalConvTranspose1d(_Streamed, _Derived):
 
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
         frames = x.shape[-1]
-        if self.context > 0:
-            x = torch.cat([state.history[self.state_key], x], dim=-1)
-            state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
+        history = state.history[self.state_key] if self.context > 0 else None
+        if history is not None:
+            state.history[self.state_key] = _last_samples(history, x, self.context)
         if _gemm_path(x):
-            return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride)
+            return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history)
+        if history is not None:
+            x = torch.cat([history, x], dim=-1)
         start = self.context * self.stride
         return self.conv(x)[..., start : start + frames * self.stride]
 

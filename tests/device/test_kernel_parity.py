@@ -15,6 +15,7 @@ Tolerances, per op:
   elements and within 2e-3 relative L2 of it (only the norm's fp32 sum order differs), 1e-2 of the reference.
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
   CUDA's own sinf, no FMA contraction).
+- unfold_columns: bit-identical (a copy).
 """
 
 from __future__ import annotations
@@ -321,3 +322,37 @@ def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
     out = ops.snake_beta(x, frequency, inverse_beta, bias)
     assert out.is_contiguous() and out.shape == x.shape
     assert torch.equal(out, reference.snake_beta(x, frequency, inverse_beta, bias))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize(
+    "batch,channels,kernel,dilation,length,layout",
+    [
+        (64, 96, 7, 9, 7680, "contiguous"),
+        (64, 768, 7, 1, 128, "channel-major"),
+        (3, 16, 7, 3, 13, "channel-major"),
+        (1, 1024, 7, 1, 4, "contiguous"),
+        (5, 8, 2, 1, 20, "offset"),
+        (2, 12, 3, 1, 1, "contiguous"),
+    ],
+)
+def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
+    ext, dtype: torch.dtype, batch: int, channels: int, kernel: int, dilation: int, length: int, layout: str
+) -> None:
+    """The codec's unfolded GEMM input, bit for bit, from a batch-major input, a channel-major one (the GEMM
+    convs' outputs) and one that starts mid-row (unaligned), with rows a multiple of 8 long and not, and
+    from samples given as a history and the rest."""
+    samples = (kernel - 1) * dilation + length
+    x = torch.randn(batch, channels, samples + 5, device="cuda").to(dtype)
+    x = x[..., 5:] if layout == "offset" else x[..., :samples].contiguous()
+    if layout == "channel-major":
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    expected = reference.unfold_columns(x, kernel, dilation)
+    got = ops.unfold_columns(x, kernel, dilation)
+    assert got.shape == (channels * kernel, batch * length)
+    assert torch.equal(got, expected)
+    # A causal conv's context as a separate history (the codec's way): read from both, never concatenated.
+    # Splits at the context and off it (a history longer or shorter than the span).
+    for context in {(kernel - 1) * dilation, 1, samples - 1}:
+        split = ops.unfold_columns(x[..., context:], kernel, dilation, history=x[..., :context])
+        assert torch.equal(split, expected)

@@ -67,6 +67,10 @@ def test_conv1d_as_gemm_is_the_convolution(
     assert got.shape == expected.shape == (batch, out_channels, steps)
     torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
     assert is_channel_major(got)
+    context = (kernel - 1) * dilation
+    if context:  # the context as a separate history, never concatenated with the new samples
+        split = conv1d_as_gemm(x[..., context:], weight, offset, dilation, history=x[..., :context])
+        torch.testing.assert_close(split, expected, rtol=EXACT, atol=EXACT)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -89,6 +93,11 @@ def test_conv_transpose1d_as_gemm_is_the_transposed_convolution(
         assert got.shape == (batch, out_channels, frames * stride)
         torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
         assert is_channel_major(got)
+        context = module.context
+        split = conv_transpose1d_as_gemm(
+            layout[..., context:], module.gemm_weight, module.gemm_bias, stride, history=layout[..., :context]
+        )
+        torch.testing.assert_close(split, expected, rtol=EXACT, atol=EXACT)
     assert module.gemm_weight.dtype == torch.float64
 
 

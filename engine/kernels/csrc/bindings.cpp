@@ -259,6 +259,34 @@ void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_be
      "snake_beta");
 }
 
+void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, int64_t kernel,
+                    int64_t dilation) {
+  const at::ScalarType dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "x must be float32 or bfloat16");
+  check(x, "x", dtype);
+  check(out, "out", dtype);
+  TORCH_CHECK(x.dim() == 3 && kernel >= 1 && dilation >= 1, "x must be [batch, channels, samples]");
+  q3tts::UnfoldInput input{nullptr, x.data_ptr(), x.size(0), x.size(1), 0, {0, 0, 0},
+                           {x.stride(0), x.stride(1), x.stride(2)}};
+  if (history.has_value()) {
+    check(*history, "history", dtype);
+    TORCH_CHECK(history->dim() == 3 && history->size(0) == x.size(0) && history->size(1) == x.size(1),
+                "history must be [batch, channels, context] like x");
+    input.history = history->data_ptr();
+    input.context = history->size(2);
+    for (int i = 0; i < 3; ++i) input.history_strides[i] = history->stride(i);
+  }
+  const int64_t length = input.context + x.size(2) - (kernel - 1) * dilation;
+  TORCH_CHECK(length >= 1, "the samples are shorter than the kernel's span");
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(1) * kernel &&
+                  out.size(1) == x.size(0) * length,
+              "out must be contiguous [channels * kernel, batch * (samples - span)]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::unfold_columns(out.data_ptr(), input, kernel, length, dilation, static_cast<int>(x.element_size()),
+                           stream()),
+     "unfold_columns");
+}
+
 void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
             c10::optional<at::Tensor> suppress, c10::optional<at::Tensor> ban_count, int64_t ban_token,
             int64_t ban_below, at::Tensor greedy, at::Tensor temperature, at::Tensor top_k, at::Tensor top_p,
@@ -351,5 +379,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_rms_norm", &gemv_rms_norm);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
+  m.def("unfold_columns", &unfold_columns);
   m.def("set_dependent_launch", &set_dependent_launch);
 }

@@ -70,6 +70,20 @@ cudaError_t snake_beta(void* out, const void* x, const void* freq, const void* i
                        int64_t batch, int64_t channels, int64_t length, int64_t batch_stride,
                        int64_t channel_stride, int64_t time_stride, bool is_bf16, cudaStream_t stream);
 
+// The unfolded input of a conv as a GEMM over the samples s = [history | x] (`context` history samples, then
+// x's; no history when context is 0): out[(c * K + k) * B + b, t] = s[b, c, k * dilation + t], out contiguous
+// [C * K, B * T], T = context + x's samples - (K - 1) * dilation. A bit-exact copy of float32 (element_bytes
+// 4) or bfloat16 (2) elements; element strides given.
+struct UnfoldInput {
+  const void* history;  // [B, C, context] or null
+  const void* x;        // [B, C, samples]
+  int64_t batch, channels, context;
+  int64_t history_strides[3];
+  int64_t x_strides[3];
+};
+cudaError_t unfold_columns(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
+                           int element_bytes, cudaStream_t stream);
+
 // One fused sampling step per row (block per row, vocab <= 4096), the rules of
 // engine/runtime/sampling.py: repetition penalty over `seen`, bans, greedy argmax (lowest index on ties),
 // temperature, top-k keeping ties, top-p over a stable ascending sort, then the inverse-CDF draw with the

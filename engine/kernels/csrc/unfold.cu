@@ -1,0 +1,117 @@
+// The unfolded input of the codec's convs as GEMMs (codec.py, `conv1d_as_gemm`): out[(c * K + k) * B + b, t] =
+// s[b, c, k * dilation + t] over the samples s = [history | x] (a causal conv's left context, then the pass's
+// samples), the [C * K, B * T] columns matrix, copied bit for bit.
+// Why: torch made it as torch.cat then a copy of a permuted unfold view, whose generic kernel computes a 4-D
+// index per element and moves 2 or 4 bytes at a time; at 64 streams those copies and concatenations were 9 of
+// a 15.5 ms bf16 packet. Here each thread writes 16 bytes of one output row, reading the history or x as the
+// sample index says, so the concatenation is never made.
+#include "common.cuh"
+#include "launch.cuh"
+#include "launchers.h"
+
+namespace q3tts {
+namespace {
+
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kElems = 16 / sizeof(T);
+  T v[kElems];
+};
+
+// The samples of one conv input: `context` history samples, then x's. Element strides.
+template <typename T>
+struct Samples {
+  const T* history;
+  const T* x;
+  int64_t history_strides[3];
+  int64_t x_strides[3];
+  int context;
+
+  __device__ __forceinline__ T at(int b, int64_t c, int64_t s) const {
+    if (s < context) return history[b * history_strides[0] + c * history_strides[1] + s * history_strides[2]];
+    return x[b * x_strides[0] + c * x_strides[1] + (s - context) * x_strides[2]];
+  }
+};
+
+// Row r of the output is (c, k, b) = (r / (K * B), r / B % K, r % B).
+struct RowIndex {
+  int b, k;
+  int64_t c;
+  __device__ __forceinline__ RowIndex(int64_t row, int batch, int kernel)
+      : b(static_cast<int>(row % batch)), k(static_cast<int>(row / batch % kernel)), c(row / batch / kernel) {}
+};
+
+// One thread per 16 output bytes; rows are `length` long, a multiple of the vector's elements.
+template <typename T>
+__global__ void unfold_rows_kernel(T* __restrict__ out, Samples<T> in, int64_t vecs, int batch, int kernel,
+                                   int length, int dilation) {
+  constexpr int E = Vec16<T>::kElems;
+  begin_dependent_kernel();
+  const int per_row = length / E;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row;
+    const int t0 = static_cast<int>(i - row * per_row) * E;
+    const RowIndex r(row, batch, kernel);
+    const int64_t s0 = static_cast<int64_t>(r.k) * dilation + t0;
+    Vec16<T> v;
+#pragma unroll
+    for (int j = 0; j < E; ++j) v.v[j] = in.at(r.b, r.c, s0 + j);
+    *reinterpret_cast<Vec16<T>*>(out + row * length + t0) = v;
+  }
+}
+
+// One thread per output element: rows of any length.
+template <typename T>
+__global__ void unfold_kernel(T* __restrict__ out, Samples<T> in, int64_t total, int batch, int kernel, int length,
+                              int dilation) {
+  begin_dependent_kernel();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / length;
+    const int t = static_cast<int>(i - row * length);
+    const RowIndex r(row, batch, kernel);
+    out[i] = in.at(r.b, r.c, static_cast<int64_t>(r.k) * dilation + t);
+  }
+}
+
+template <typename T>
+cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
+                   cudaStream_t stream) {
+  const int64_t total = input.channels * kernel * input.batch * length;
+  if (total == 0) return cudaSuccess;
+  Samples<T> in{static_cast<const T*>(input.history), static_cast<const T*>(input.x),
+                {input.history_strides[0], input.history_strides[1], input.history_strides[2]},
+                {input.x_strides[0], input.x_strides[1], input.x_strides[2]}, static_cast<int>(input.context)};
+  constexpr int kThreads = 256;
+  constexpr int E = Vec16<T>::kElems;
+  auto grid = [](int64_t work) {  // grid-stride loops: at most 65535 blocks
+    const int64_t blocks = (work + kThreads - 1) / kThreads;
+    return dim3(static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
+  };
+  const int b = static_cast<int>(input.batch), k = static_cast<int>(kernel), n = static_cast<int>(length);
+  const int d = static_cast<int>(dilation);
+  if (length % E == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    launch_kernel(unfold_rows_kernel<T>, grid(total / E), dim3(kThreads), stream, static_cast<T*>(out), in,
+                  total / E, b, k, n, d);
+  } else {
+    launch_kernel(unfold_kernel<T>, grid(total), dim3(kThreads), stream, static_cast<T*>(out), in, total, b, k, n,
+                  d);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t unfold_columns(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
+                           int element_bytes, cudaStream_t stream) {
+  if (length > INT32_MAX || input.batch > INT32_MAX || kernel > INT32_MAX || input.context > INT32_MAX ||
+      (input.context > 0 && input.history == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (element_bytes == 4) return launch<float>(out, input, kernel, length, dilation, stream);
+  if (element_bytes == 2) return launch<bf16>(out, input, kernel, length, dilation, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace q3tts
