@@ -267,7 +267,10 @@ def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None
     reads the history or x by sample index, so the concatenation is never made; bit-identical."""
     tensors = (x,) if history is None else (x, history)
     ext = _ext(*tensors, dtype=None)
-    if ext is None or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 3:
+    # A 1-tap conv without history has nothing to unfold: torch's reshape is a view when the layout allows
+    # one (a copy only when not), and the GEMM then reads x as it is stored.
+    unfolds = kernel > 1 or history is not None
+    if ext is None or not unfolds or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 3:
         return reference.unfold_columns(x, kernel, dilation, history)
     batch, channels, samples = x.shape
     context = 0 if history is None else history.shape[-1]
