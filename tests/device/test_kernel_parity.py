@@ -330,6 +330,8 @@ def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
     [
         (64, 96, 7, 9, 7680, "contiguous"),
         (64, 768, 7, 1, 128, "channel-major"),
+        (4, 24, 7, 9, 2568, "offset"),
+        (16, 32, 7, 3, 16, "channel-major"),
         (3, 16, 7, 3, 13, "channel-major"),
         (1, 1024, 7, 1, 4, "contiguous"),
         (5, 8, 2, 1, 20, "offset"),
@@ -340,8 +342,9 @@ def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
     ext, dtype: torch.dtype, batch: int, channels: int, kernel: int, dilation: int, length: int, layout: str
 ) -> None:
     """The codec's unfolded GEMM input, bit for bit, from a batch-major input, a channel-major one (the GEMM
-    convs' outputs) and one that starts mid-row (unaligned), with rows a multiple of 8 long and not, and
-    from samples given as a history and the rest."""
+    convs' outputs) and one that starts mid-row (unaligned); rows staged in shared memory (>= 64 samples,
+    one tile or several, the last partial), short rows of whole vectors, and rows of any length; with the
+    samples whole or given as a history and the rest."""
     samples = (kernel - 1) * dilation + length
     x = torch.randn(batch, channels, samples + 5, device="cuda").to(dtype)
     x = x[..., 5:] if layout == "offset" else x[..., :samples].contiguous()

@@ -4,7 +4,8 @@
 // Why: torch made it as torch.cat then a copy of a permuted unfold view, whose generic kernel computes a 4-D
 // index per element and moves 2 or 4 bytes at a time; at 64 streams those copies and concatenations were 9 of
 // a 15.5 ms bf16 packet. Here each thread writes 16 bytes of one output row, reading the history or x as the
-// sample index says, so the concatenation is never made.
+// sample index says, so the concatenation is never made; long rows are staged in shared memory first, so
+// each source sample is read once for the K rows that hold it.
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
@@ -61,6 +62,41 @@ __global__ void unfold_rows_kernel(T* __restrict__ out, Samples<T> in, int64_t v
   }
 }
 
+// Rows of at least kStagedMinLength samples: a block per (source row (c, b), tile of kTile output samples)
+// stages the tile's samples (tile + span of them) in shared memory with one coalesced read each, then writes
+// the K output rows' tiles from there, 16 bytes a thread. The per-thread kernel above reads every source
+// sample K times, element by element (a tap's run is rarely 16-byte aligned), which left it at ~1 TB/s.
+constexpr int kTile = 1024;
+constexpr int kStagedMinLength = 64;
+constexpr int kStagedThreads = 128;
+
+template <typename T>
+__global__ void __launch_bounds__(kStagedThreads)
+    unfold_staged_kernel(T* __restrict__ out, Samples<T> in, int batch, int kernel, int length, int dilation) {
+  constexpr int E = Vec16<T>::kElems;
+  extern __shared__ __align__(16) unsigned char stage_bytes[];
+  T* stage = reinterpret_cast<T*>(stage_bytes);
+  begin_dependent_kernel();
+  const int64_t source_row = blockIdx.x;  // c * batch + b
+  const int b = static_cast<int>(source_row % batch);
+  const int64_t c = source_row / batch;
+  const int t0 = blockIdx.y * kTile;
+  const int tile = min(kTile, length - t0);  // a multiple of E: length and kTile are
+  const int staged = tile + (kernel - 1) * dilation;
+  for (int i = threadIdx.x; i < staged; i += blockDim.x) stage[i] = in.at(b, c, static_cast<int64_t>(t0) + i);
+  __syncthreads();
+  const int per_tap = tile / E;
+  for (int i = threadIdx.x; i < kernel * per_tap; i += blockDim.x) {
+    const int k = i / per_tap, v = i - k * per_tap;
+    const T* src = stage + k * dilation + v * E;
+    Vec16<T> vec;
+#pragma unroll
+    for (int j = 0; j < E; ++j) vec.v[j] = src[j];
+    T* dst = out + ((c * kernel + k) * batch + b) * static_cast<int64_t>(length) + t0 + v * E;
+    *reinterpret_cast<Vec16<T>*>(dst) = vec;
+  }
+}
+
 // One thread per output element: rows of any length.
 template <typename T>
 __global__ void unfold_kernel(T* __restrict__ out, Samples<T> in, int64_t total, int batch, int kernel, int length,
@@ -91,7 +127,15 @@ cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t 
   };
   const int b = static_cast<int>(input.batch), k = static_cast<int>(kernel), n = static_cast<int>(length);
   const int d = static_cast<int>(dilation);
-  if (length % E == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+  const size_t stage_bytes = (kTile + (kernel - 1) * dilation) * sizeof(T);
+  const bool vectors = length % E == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vectors && length >= kStagedMinLength && stage_bytes <= 48 * 1024 &&
+      input.batch * input.channels <= INT32_MAX && (length + kTile - 1) / kTile <= 65535) {
+    const dim3 tiles(static_cast<unsigned>(input.batch * input.channels),
+                     static_cast<unsigned>((length + kTile - 1) / kTile));
+    launch_kernel_shared(unfold_staged_kernel<T>, tiles, dim3(kStagedThreads), stage_bytes, stream,
+                         static_cast<T*>(out), in, b, k, n, d);
+  } else if (vectors) {
     launch_kernel(unfold_rows_kernel<T>, grid(total / E), dim3(kThreads), stream, static_cast<T*>(out), in,
                   total / E, b, k, n, d);
   } else {
