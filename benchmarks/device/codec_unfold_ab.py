@@ -11,15 +11,13 @@ Usage: python benchmarks/device/codec_unfold_ab.py --model SNAPSHOT --out DIR
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import torch
-from common import measurement_parser
+from common import load_timing_engine, measurement_parser, modes_result
 
 from qwen3_tts_native.commands.bench import replay_ms
 from qwen3_tts_native.engine.kernels import ops, reference
 from qwen3_tts_native.engine.runtime.codec_graphs import CodecGraphs
-from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 VARIANTS = {"torch": reference.unfold_columns, "kernel": ops.unfold_columns}
 BATCHES = (1, 16, 64)
@@ -30,18 +28,11 @@ def main() -> int:
     parser = measurement_parser(__doc__)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    result = modes_result()
     shipped = ops.unfold_columns
     codes = torch.randint(0, 2048, (max(BATCHES), 16, FRAMES), device="cuda", generator=None)
     for mode in [m for m in args.modes.split(",") if m]:
-        engine = VoiceDesignEngine.load(
-            args.model,
-            device="cuda",
-            dtype=torch.bfloat16,
-            max_sessions=max(BATCHES),
-            max_context=512,
-            mode=mode,
-        )
+        engine = load_timing_engine(args.model, mode, max(BATCHES))
         assert engine.decoder is not None
         figures: dict[str, dict[str, list[float]]] = {}
         waves: dict[tuple[str, int], torch.Tensor] = {}

@@ -85,6 +85,35 @@ def measurement_parser(description: str | None, modes: bool = True) -> argparse.
     return parser
 
 
+def modes_result() -> dict[str, Any]:
+    """The JSON a per-mode measurement script fills: the GPU's name, torch's version, an empty "modes"."""
+    import torch
+
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+
+
+def load_timing_engine(model: Path, mode: str, max_sessions: int, max_context: int = 512) -> Any:
+    """The engine the measurement scripts time: bf16 on CUDA in `mode`, graphs captured, `max_context`
+    positions a slot (the bench's default)."""
+    import torch
+
+    from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
+
+    return VoiceDesignEngine.load(
+        model,
+        device="cuda",
+        dtype=torch.bfloat16,
+        max_sessions=max_sessions,
+        max_context=max_context,
+        mode=mode,
+    )
+
+
+def comma_ints(text: str) -> list[int]:
+    """ "1,16,64" -> [1, 16, 64] (a --streams argument)."""
+    return [int(part) for part in text.split(",") if part]
+
+
 def record_medians(result: dict[str, Any], mode: str, samples: dict[str, dict[str, list[float]]]) -> None:
     """Store one mode's samples (variant -> figure -> values) and their medians in result["modes"], and print
     the medians."""

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 import torch
-from common import measurement_parser
+from common import load_timing_engine, measurement_parser, modes_result
 
 from qwen3_tts_native.commands.bench import make_request, measure_ttfa, replay_ms, zero_eos_copy
 from qwen3_tts_native.engine.runtime import graphs
@@ -46,7 +46,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    result = modes_result()
     shipped = graphs.KernelFrame.prompt_hidden
 
     def whole_cache(self: graphs.KernelFrame, rows: graphs.PromptRows, cache: Any, layout: Any = None) -> Any:
@@ -60,14 +60,7 @@ def main() -> int:
             for span, prompt_hidden in (("rows", shipped), ("whole_cache", whole_cache)):
                 graphs.KernelFrame.prompt_hidden = prompt_hidden  # type: ignore[method-assign]
                 try:
-                    engine = VoiceDesignEngine.load(
-                        timing_model,
-                        device="cuda",
-                        dtype=torch.bfloat16,
-                        max_sessions=STREAMS,
-                        max_context=context,
-                        mode=mode,
-                    )
+                    engine = load_timing_engine(timing_model, mode, STREAMS, context)
                     figures[f"context_{context}_prompt_span_{span}"] = measure(engine)
                 finally:
                     graphs.KernelFrame.prompt_hidden = shipped  # type: ignore[method-assign]

@@ -11,14 +11,12 @@ Usage: python benchmarks/device/prefill_ab.py --model SNAPSHOT --out DIR [--stre
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import torch
-from common import measurement_parser, record_medians
+from common import comma_ints, load_timing_engine, measurement_parser, modes_result, record_medians
 
 from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
 from qwen3_tts_native.engine.runtime import graphs
-from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 RUNS = 3
 FRAMES = 32
@@ -30,19 +28,12 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
-    levels = [int(s) for s in args.streams.split(",") if s]
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    levels = comma_ints(args.streams)
+    result = modes_result()
     shipped = graphs.PromptLayout.of
     variants = {"layout": shipped, "per_row_kernel": lambda prompts, slots: None}
     for mode in [m for m in args.modes.split(",") if m]:
-        engine = VoiceDesignEngine.load(
-            timing_model,
-            device="cuda",
-            dtype=torch.bfloat16,
-            max_sessions=max(levels),
-            max_context=512,
-            mode=mode,
-        )
+        engine = load_timing_engine(timing_model, mode, max(levels))
         samples: dict[str, dict[str, list[float]]] = {}
         try:
             for streams in levels:

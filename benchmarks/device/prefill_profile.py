@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import torch
-from common import measurement_parser
+from common import comma_ints, load_timing_engine, measurement_parser, modes_result
 
 from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -47,18 +47,11 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
-    levels = [int(s) for s in args.streams.split(",") if s]
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    levels = comma_ints(args.streams)
+    result = modes_result()
     tables = []
     for mode in [m for m in args.modes.split(",") if m]:
-        engine = VoiceDesignEngine.load(
-            timing_model,
-            device="cuda",
-            dtype=torch.bfloat16,
-            max_sessions=max(levels),
-            max_context=512,
-            mode=mode,
-        )
+        engine = load_timing_engine(timing_model, mode, max(levels))
         figures: dict[str, Any] = {}
         for streams in levels:
             prefill_s(engine, streams)

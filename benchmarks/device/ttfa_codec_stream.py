@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import torch
-from common import measurement_parser, record_medians
+from common import load_timing_engine, measurement_parser, modes_result, record_medians
 
 from qwen3_tts_native.commands.bench import FRAME_SECONDS, make_request, zero_eos_copy
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -54,11 +53,9 @@ def main() -> int:
     args = measurement_parser(__doc__).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
+    result = modes_result()
     for mode in [m for m in args.modes.split(",") if m]:
-        engine = VoiceDesignEngine.load(
-            timing_model, device="cuda", dtype=torch.bfloat16, max_sessions=1, max_context=512, mode=mode
-        )
+        engine = load_timing_engine(timing_model, mode, 1)
         backend = engine.codec_backend
         assert backend is not None
         own_stream = backend.stream
