@@ -162,13 +162,28 @@ def _rederive(module: nn.Module, _incompatible: Any) -> None:
 
 
 class _Streamed(nn.Module):
-    """A layer with left context in `CodecStreamState.history`, keyed by `state_key` (its module path)."""
+    """A layer with left context in `CodecStreamState.history`, keyed by `state_key` (its module path), of
+    `context` samples."""
 
     state_key: str = ""
+    context: int = 0
 
     def context_shape(self) -> tuple[int, int]:
         """(channels, length) of the left context this layer keeps."""
         raise NotImplementedError
+
+    def advance(self, x: Tensor, state: CodecStreamState) -> Tensor | None:
+        """The layer's left context before x (None when it keeps none); the state then holds the context
+        after x: the last `context` samples of [history | x], a view of x when it has that many (which
+        `CodecStreamState.compact` or a graph's scatter copies out), else a small concatenation."""
+        if self.context == 0:
+            return None
+        history = state.history[self.state_key]
+        if x.shape[-1] >= self.context:
+            state.history[self.state_key] = x[..., x.shape[-1] - self.context :]
+        else:
+            state.history[self.state_key] = torch.cat([history[..., x.shape[-1] :], x], dim=-1)
+        return history
 
 
 def _gemm_path(x: Tensor) -> bool:
@@ -214,19 +229,11 @@ def conv1d_as_gemm(
     the weight as it is stored. The batch is folded into the GEMM's N so that the weight is read once per
     call, not once per stream (a batched GEMM over a stride-0 weight re-reads it for every batch element:
     at 64 streams, the codec's 457 MB of float32 weights 64 times a pass). The result stays in the GEMM's
-    [O, B, T] storage: its consumers (SnakeBeta, the next GEMM, `torch.cat` with a history) take any
+    [O, B, T] storage: its consumers (SnakeBeta, the next GEMM, the next conv's unfold) take any
     strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
     follows cuBLAS's blocking.
     """
     return _batch_view(_conv_rows(x, weight, bias, dilation, history), x.shape[0])
-
-
-def _last_samples(history: Tensor, x: Tensor, count: int) -> Tensor:
-    """The last `count` samples of [history | x]: a view of x when it has that many (the next pass's history,
-    which `CodecStreamState.compact` or a graph's scatter copies out), else a small concatenation."""
-    if x.shape[-1] >= count:
-        return x[..., x.shape[-1] - count :]
-    return torch.cat([history[..., x.shape[-1] :], x], dim=-1)
 
 
 class CausalConv1d(_Streamed):
@@ -246,9 +253,7 @@ class CausalConv1d(_Streamed):
         """Without `bias` the conv's bias is the caller's to add (a SnakeBeta after it adds it for free)."""
         conv = self.conv
         offset = conv.bias if bias else None
-        history = state.history[self.state_key] if self.context > 0 else None
-        if history is not None:
-            state.history[self.state_key] = _last_samples(history, x, self.context)
+        history = self.advance(x, state)
         if conv.groups == 1 and _gemm_path(x):
             return conv1d_as_gemm(x, conv.weight, offset, conv.dilation[0], history)
         if history is not None:
@@ -313,9 +318,7 @@ class CausalConvTranspose1d(_Streamed, _Derived):
 
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
         frames = x.shape[-1]
-        history = state.history[self.state_key] if self.context > 0 else None
-        if history is not None:
-            state.history[self.state_key] = _last_samples(history, x, self.context)
+        history = self.advance(x, state)
         if _gemm_path(x):
             return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history)
         if history is not None:
