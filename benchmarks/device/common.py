@@ -92,9 +92,9 @@ def modes_result() -> dict[str, Any]:
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
 
 
-def load_timing_engine(model: Path, mode: str, max_sessions: int, max_context: int = 512) -> Any:
-    """The engine the measurement scripts time: bf16 on CUDA in `mode`, graphs captured, `max_context`
-    positions a slot (the bench's default)."""
+def load_timing_engine(model: Path, mode: Any, max_sessions: int, max_context: int = 512) -> Any:
+    """The engine the measurement scripts time: bf16 on CUDA in `mode` (a name or a `Mode`), graphs
+    captured, `max_context` positions a slot (the bench's default)."""
     import torch
 
     from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine

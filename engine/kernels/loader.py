@@ -23,6 +23,7 @@ SOURCES = (
     "rope_cache.cu",
     "attention.cu",
     "swiglu.cu",
+    "quantize.cu",
     "gemv.cu",
     "sampling.cu",
     "snake.cu",

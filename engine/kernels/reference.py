@@ -49,6 +49,26 @@ def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
     return QuantizedWeight(data.contiguous(), scale.contiguous())
 
 
+def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [M, K] -> (e4m3 codes [M, K], fp32 scale [M]): each row scaled by its own max(amax, 1e-12) / 448,
+    so x ~= codes.float() * scale[:, None] (the activation side of `fp8_linear`)."""
+    rows = x.float()
+    scale = rows.abs().amax(dim=1).clamp_min(1e-12) / FP8_E4M3_MAX
+    codes = (rows / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def fp8_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    """x @ W^T (+ bias) for an fp8 weight with x quantized per row (`quantize_rows_fp8`): the fp32 product of
+    the two sets of codes times both scales, rounded once to x's dtype (what the fp8 GEMM computes)."""
+    rows = x.reshape(-1, x.shape[-1])
+    codes, scale = quantize_rows_fp8(rows)
+    out = (codes.float() @ weight.data.float().t()) * scale[:, None] * weight.scale
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return layers.rms_norm(x, weight, eps)
 

@@ -164,16 +164,20 @@ class PromptLayout:
 
 @dataclass(frozen=True)
 class Weight:
-    """A decode weight in both layouts: `dense` bf16 for cuBLAS, `small` (bf16 or 8-bit) for the GEMV."""
+    """A decode weight in both layouts: `dense` bf16 for cuBLAS, `small` (bf16 or 8-bit) for the GEMV.
+
+    Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
+    is then fp8) an fp8 GEMM over `small`; in between, bf16 cuBLAS over `dense`."""
 
     dense: Tensor
     small: Tensor | QuantizedWeight
     gemm_min_rows: int
     norm_in_gemv: bool = True
+    fp8_min_rows: int | None = None
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         if self._dense_rows(x):
-            return F.linear(x, self.dense, bias)
+            return self._gemm(x, bias)
         return ops.linear(x, self.small, bias)
 
     def swiglu(self, x: Tensor) -> Tensor:
@@ -181,7 +185,7 @@ class Weight:
         SwiGLU (ops.linear_swiglu), on cuBLAS the product then `silu_mul`; the same result either way."""
         if not self._dense_rows(x):
             return ops.linear_swiglu(x, self.small)
-        gate_up = F.linear(x, self.dense)
+        gate_up = self._gemm(x)
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
 
@@ -205,11 +209,16 @@ class Weight:
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
 
+    def _gemm(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        if self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows:
+            return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
+        return F.linear(x, self.dense, bias)
+
 
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
-    return Weight(dense, small, mode.gemm_min_rows, mode.norm_in_gemv)
+    return Weight(dense, small, mode.gemm_min_rows, mode.norm_in_gemv, mode.fp8_gemm_min_rows)
 
 
 def _fuse(*params: Tensor) -> Tensor:

@@ -35,6 +35,10 @@ class Mode:
     kernel breaks, so exact takes the GEMV for the predictor's 2-row step 0 too (3; A/B in
     benchmarks/results/2026-11-30-run11).
 
+    fp8_gemm_min_rows: products of at least this many rows (prompt passes of several sessions) run as fp8
+    tensor-core GEMMs over the fp8 weights, the activations quantized per row (`ops.fp8_linear`); None: bf16
+    cuBLAS. Needs fp8 weights.
+
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
     (benchmarks/device/frame_variants.py).
@@ -44,7 +48,12 @@ class Mode:
     weights: WeightFormat
     codec_dtype: torch.dtype
     gemm_min_rows: int = 4
+    fp8_gemm_min_rows: int | None = None
     norm_in_gemv: bool = True
+
+    def __post_init__(self) -> None:
+        if self.fp8_gemm_min_rows is not None and self.weights != "fp8":
+            raise ValueError("fp8 GEMMs need fp8 weights")
 
 
 EXACT = Mode("exact", "bf16", torch.float32, gemm_min_rows=3)

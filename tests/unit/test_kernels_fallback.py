@@ -4,6 +4,8 @@ frame as `step.decode_frames` when its ops run on those references."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -72,6 +74,27 @@ def test_linear_falls_back_for_bf16_and_8bit() -> None:
         assert torch.equal(out, reference.linear(x, q))
         rel = (out - x @ w.t()).norm() / (x @ w.t()).norm()
         assert rel < (0.02 if kind == "int8" else 0.08)
+
+
+def test_fp8_linear_falls_back_to_the_product_of_row_quantized_codes() -> None:
+    """Off CUDA `fp8_linear` is the reference: x quantized per row (its largest element to +-448), times the
+    fp8 weight codes, both scales applied; within e4m3's error of the plain product."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 64, generator=g, dtype=torch.bfloat16)
+    x[1] = 0
+    w = torch.randn(48, 64, generator=g)
+    weight = reference.quantize_weight(w, "fp8")
+    codes, scale = ops.quantize_rows_fp8(x)
+    assert codes.dtype == torch.float8_e4m3fn and scale.shape == (5,)
+    assert torch.equal(codes.float().abs().amax(dim=1)[[0, 2, 3, 4]], torch.full((4,), 448.0))
+    assert not codes[1].float().any()
+    assert (codes.float() * scale[:, None] - x.float()).norm() / x.float().norm() < 0.04
+    out = ops.fp8_linear(x, weight)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, reference.fp8_linear(x, weight))
+    expected = codes.float() @ weight.data.float().t() * scale[:, None] * weight.scale
+    assert torch.equal(out, expected.to(torch.bfloat16))
+    plain = x.float() @ w.t()
+    assert (out.float() - plain).norm() / plain.norm() < 0.08
 
 
 def test_linear_swiglu_falls_back_to_linear_then_swiglu() -> None:
@@ -165,6 +188,8 @@ def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_mode() is FAST
     with pytest.raises(ValueError):
         resolve_mode("turbo")
+    with pytest.raises(ValueError, match="fp8 weights"):
+        replace(FAST, fp8_gemm_min_rows=512)  # int8 codes cannot feed an fp8 GEMM
 
 
 def test_fast_frame_matches_the_reference_frame_on_cpu(

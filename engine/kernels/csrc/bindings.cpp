@@ -145,6 +145,19 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
+void quantize_rows_fp8(at::Tensor out, at::Tensor scale, at::Tensor x) {
+  check(x, "x", at::kBFloat16);
+  check(out, "out", at::kFloat8_e4m3fn);
+  check(scale, "scale", at::kFloat);
+  check_rows(x, "x");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes(), "out must be contiguous and x's shape");
+  TORCH_CHECK(scale.is_contiguous() && scale.numel() == x.size(0), "scale must be [rows]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::quantize_rows_fp8(out.data_ptr(), scale.data_ptr<float>(), x.data_ptr(), x.size(0), x.size(1),
+                              x.stride(0), stream()),
+     "quantize_rows_fp8");
+}
+
 // The GEMV weight's kind and its per-row scale (8-bit weights only), checked against x.
 struct GemvWeight {
   q3tts::WeightKind kind;
@@ -374,6 +387,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention);
   m.def("rope_attention", &rope_attention);
   m.def("silu_mul", &silu_mul);
+  m.def("quantize_rows_fp8", &quantize_rows_fp8);
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);
   m.def("gemv_rms_norm", &gemv_rms_norm);

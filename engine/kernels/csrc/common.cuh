@@ -68,4 +68,16 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(total);
 }
 
+// Block-wide max of non-negative values; every thread gets the result. `scratch` as block_sum's.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_max(lane < warps ? scratch[lane] : 0.0f);
+}
+
 }  // namespace q3tts

@@ -63,6 +63,12 @@ cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_o
                           float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
                           int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
 
+// out[r, :] = e4m3(x[r, :] / scale[r]) (saturating, round to nearest even) with scale[r] = max(amax of the row,
+// 1e-12) / 448, both divisions correctly rounded: the per-row activation quantization of `ops.fp8_linear`.
+// x rows are x_stride elements apart (a multiple of 8); out is contiguous [rows, cols], cols a multiple of 8.
+cudaError_t quantize_rows_fp8(void* out, float* scale, const void* x, int rows, int cols, int x_stride,
+                              cudaStream_t stream);
+
 // out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
 // null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
 // every op). out is contiguous [B, C, T].
