@@ -19,6 +19,7 @@ from .reference import QuantizedWeight
 __all__ = [
     "QuantizedWeight",
     "add_rms_norm_",
+    "conv_to_one_channel",
     "decode_attention",
     "fp8_linear",
     "kernels_available",
@@ -247,7 +248,8 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor | None = None) -> Tensor:
     """The codec's SnakeBeta (optionally of x + bias), x [B, C, T] (any strides) -> contiguous [B, C, T],
     float32 or bf16: one kernel instead of five (six with the bias), bit-identical to the reference (the
-    same ops in the same order, each rounded as torch rounds it)."""
+    same ops in the same order, each rounded as torch rounds it; in bf16 the sine is the hardware's after a
+    Cody-Waite reduction, not sinf, and rounds to the same bf16 at every bf16 argument: snake.cu says why)."""
     params = (frequency, inverse_beta) if bias is None else (frequency, inverse_beta, bias)
     ext = _ext(x, *params, dtype=None)
     supported = (
@@ -279,6 +281,26 @@ def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None
     length = context + samples - (kernel - 1) * dilation
     out = torch.empty(channels * kernel, batch * length, dtype=x.dtype, device=x.device)
     ext.unfold_columns(out, x, history, kernel, dilation)
+    return out
+
+
+def conv_to_one_channel(
+    x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
+) -> Tensor:
+    """A conv to one output channel (`reference.conv_to_one_channel`: weight [1, C, K], samples
+    [history | x], any strides) -> [B, 1, T], computed directly: the codec's last conv, where the GEMM
+    formulation would unfold the input K times over to feed a single output row.
+    Kernel tolerance: the fp32 sums in another order, rounded once (relative L2 <= 1e-5 in float32, one
+    rounding to bf16 in bf16)."""
+    tensors = [x, weight] + [t for t in (history, bias) if t is not None]
+    ext = _ext(*tensors, dtype=x.dtype)
+    fits = x.dim() == 3 and x.dtype in (torch.float32, torch.bfloat16) and weight.shape[0] == 1
+    if ext is None or not fits or x.shape[0] > 65535:
+        return reference.conv_to_one_channel(x, weight, bias, dilation, history)
+    context = 0 if history is None else history.shape[-1]
+    length = context + x.shape[-1] - (weight.shape[-1] - 1) * dilation
+    out = torch.empty(x.shape[0], 1, length, dtype=x.dtype, device=x.device)
+    ext.conv_to_one_channel(out, x, history, weight.contiguous(), bias, dilation)
     return out
 
 

@@ -53,7 +53,8 @@ def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     """x [M, K] -> (e4m3 codes [M, K], fp32 scale [M]): each row scaled by its own max(amax, 1e-12) / 448,
     so x ~= codes.float() * scale[:, None] (the activation side of `fp8_linear`)."""
     rows = x.float()
-    scale = rows.abs().amax(dim=1).clamp_min(1e-12) / FP8_E4M3_MAX
+    amax = rows.abs().amax(dim=1).clamp_min(1e-12)
+    scale = amax / torch.full_like(amax, FP8_E4M3_MAX)  # a true division (a scalar divisor is a reciprocal)
     codes = (rows / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, scale
 
@@ -131,6 +132,15 @@ def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None
     channels = x.shape[1]
     columns = samples.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
     return columns.permute(1, 3, 0, 2).reshape(channels * kernel, -1)
+
+
+def conv_to_one_channel(
+    x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
+) -> Tensor:
+    """The conv of the samples [history | x] [B, C, (K - 1) * dilation + T] with weight [1, C, K] (+ bias):
+    [B, 1, T]."""
+    samples = x if history is None else torch.cat([history, x], dim=-1)
+    return torch.nn.functional.conv1d(samples, weight, bias, dilation=dilation)
 
 
 def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor | None = None) -> Tensor:

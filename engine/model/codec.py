@@ -255,6 +255,8 @@ class CausalConv1d(_Streamed):
         offset = conv.bias if bias else None
         history = self.advance(x, state)
         if conv.groups == 1 and _gemm_path(x):
+            if conv.out_channels == 1:  # the last conv, to the waveform: no unfolded copy for one output row
+                return ops.conv_to_one_channel(x, conv.weight, offset, conv.dilation[0], history)
             return conv1d_as_gemm(x, conv.weight, offset, conv.dilation[0], history)
         if history is not None:
             x = torch.cat([history, x], dim=-1)
@@ -555,29 +557,32 @@ class LatentUpsample(nn.ModuleList):
         return convnext(upsample(x, state), state)
 
 
-def pointwise_residual_as_gemm(h: Tensor, residual: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """residual + Conv1d(k=1)(h) with weight [O, C], bias [O], h and residual [B, C, T] -> channel-major
-    [B, O, T]: one GEMM of N = B * T accumulating into residual + bias (the weight read once, as in
-    `conv1d_as_gemm`); channel-major inputs are read without a copy. (`contiguous` is a no-op except for
-    T = 1 and B > 1, where the sum would keep the transposed strides of a contiguous residual.)"""
-    rows = (_channel_rows(residual) + bias[:, None]).contiguous().addmm_(weight, _channel_rows(h))
+def pointwise_residual_as_gemm(h: Tensor, residual: Tensor, weight: Tensor) -> Tensor:
+    """residual + Conv1d(k=1, no bias)(h) with weight [O, C], h and residual [B, C, T] -> channel-major
+    [B, O, T]: one GEMM of N = B * T accumulating into the residual (the weight read once, as in
+    `conv1d_as_gemm`).
+
+    A channel-major residual (a GEMM output) is accumulated into in place, so the sum costs no pass of its
+    own: the caller gives up `residual`. Any other layout is copied first (for T = 1 and B > 1 the view
+    would keep the transposed strides of a contiguous residual)."""
+    rows = _channel_rows(residual).contiguous().addmm_(weight, _channel_rows(h))
     return _batch_view(rows, h.shape[0])
 
 
 class PointwiseResidual(nn.Module):
-    """residual + Conv1d(k=1)(h), as a GEMM accumulating into residual + bias: `pointwise_residual_as_gemm`
-    on the GEMM path, a batched GEMM on CPU (the arithmetic the CPU tests pin)."""
+    """residual + Conv1d(k=1)(h) without the conv's bias, which the caller carries on (`DecoderBlock`): a
+    GEMM accumulating into the residual (`pointwise_residual_as_gemm`) on the GEMM path, a batched GEMM on
+    CPU (the arithmetic the CPU tests pin)."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.conv = nn.Conv1d(dim, dim, kernel_size=1)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        weight, bias = self.conv.weight[..., 0], self.conv.bias
-        assert bias is not None
+        weight = self.conv.weight[..., 0]
         if _gemm_path(h):
-            return pointwise_residual_as_gemm(h, residual, weight, bias)
-        return (residual + bias[:, None]).baddbmm_(weight.expand(h.shape[0], -1, -1), h)
+            return pointwise_residual_as_gemm(h, residual, weight)
+        return residual.baddbmm(weight.expand(h.shape[0], -1, -1), h)
 
 
 class ResidualUnit(nn.Module):
@@ -588,16 +593,25 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = PointwiseResidual(dim)
 
-    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
-        h = self.conv1(self.act1(x), state, bias=False)
+    def forward(self, x: Tensor, state: CodecStreamState, bias: Tensor | None = None) -> Tensor:
+        """The unit's output less its last conv's bias (`PointwiseResidual`), for the input x + bias (the
+        biases not yet added, see `DecoderBlock`; x may be accumulated into)."""
+        h = self.conv1(self.act1(x, bias), state, bias=False)
         return self.conv2(self.act2(h, self.conv1.conv.bias), x)
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(_Derived):
     """SnakeBeta, causal transposed conv (kernel 2r, stride r), residual units at dilations 1, 3, 9.
 
     The layers sit in one ModuleList named `block` so that parameter names match the checkpoint.
+
+    The residual units' last 1x1 convs leave their biases unadded: each unit's SnakeBeta adds the sum so
+    far to its input in the same kernel, and the block returns the rest for the next layer to add the
+    same way. Adding them to the residual stream was a pass over it per unit (at 64 streams, 0.75 of a
+    9 ms bf16 packet, benchmarks/results/2026-11-30-run35). `unit_biases[i]` is the sum of units 0..i's.
     """
+
+    unit_biases: Tensor
 
     def __init__(self, in_dim: int, out_dim: int, rate: int):
         super().__init__()
@@ -605,14 +619,28 @@ class DecoderBlock(nn.Module):
         self.block = nn.ModuleList(
             [SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate), *units]
         )
+        self.register_buffer("unit_biases", torch.empty(0), persistent=False)
+        self._derive()
 
-    def forward(self, x: Tensor, state: CodecStreamState, bias: Tensor | None = None) -> Tensor:
-        """bias: the unadded bias of the layer before, if any (see `CausalConv1d.forward`)."""
+    def _derive(self) -> None:
+        """unit_biases: summed in float64, rounded once to the biases' dtype."""
+        biases = [cast(ResidualUnit, unit).conv2.conv.bias for unit in list(self.block)[2:]]
+        total = torch.stack([cast(Tensor, b).double() for b in biases]).cumsum(dim=0)
+        self.unit_biases = total.to(cast(Tensor, biases[0]).dtype)
+
+    def forward(
+        self, x: Tensor, state: CodecStreamState, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(y, b): the block's output is y + b per channel. bias: the unadded bias of the layer before, if
+        any (see `CausalConv1d.forward`)."""
         activation, upsample, *units = self.block
         x = upsample(activation(x, bias), state)
-        for unit in units:
-            x = unit(x, state)
-        return x
+        pending = None
+        for unit, unit_bias in zip(units, self.unit_biases, strict=True):
+            x = unit(x, state, pending)
+            pending = unit_bias
+        assert pending is not None
+        return x, pending
 
 
 class SpeechDecoder(_Derived):
@@ -743,11 +771,11 @@ class SpeechDecoder(_Derived):
 
         first_conv, first_block, *blocks, final_activation, final_conv = self.decoder
         bias = cast(CausalConv1d, first_conv).conv.bias  # added by the first block's SnakeBeta
-        x = first_block(first_conv(x, state, bias=False), state, bias)
+        x, bias = first_block(first_conv(x, state, bias=False), state, bias)
         for block in blocks:
-            x = block(x, state)
+            x, bias = block(x, state, bias)
         state.position = state.position + codes.shape[-1]
-        return final_conv(final_activation(x), state)[:, 0]
+        return final_conv(final_activation(x, bias), state)[:, 0]
 
     def embed_codes(self, codes: Tensor) -> Tensor:
         """Split RVQ: codebook 0 and the sum of codebooks 1.. get separate 1x1 projections.

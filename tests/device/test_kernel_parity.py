@@ -14,8 +14,11 @@ Tolerances, per op:
 - rms_norm_linear: the residual sum exact; the product equal to the norm kernel then the GEMV in >= 95% of
   elements and within 2e-3 relative L2 of it (only the norm's fp32 sum order differs), 1e-2 of the reference.
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
-  CUDA's own sinf, no FMA contraction).
+  no FMA contraction; float32 with CUDA's own sinf, bf16 with a hardware sine that rounds to sinf's bf16 at
+  every one of the 65536 bf16 arguments, tested over all of them).
 - unfold_columns: bit-identical (a copy).
+- conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
+  rounding); the same bits from a split history and for a stream alone as in the batch.
 - quantize_rows_fp8: bit-identical codes and scales (the same correctly rounded divisions and cast).
 - fp8_linear: relative L2 <= 1e-2 against the fp32 product of the same codes (reference.fp8_linear); the
   GEMM accumulates in fp32 in its own order and rounds once to bf16.
@@ -332,13 +335,22 @@ def test_rms_norm_linear_is_the_norm_then_the_gemv(  # type: ignore[no-untyped-d
 @pytest.mark.parametrize("batch,channels,length", [(1, 96, 1920), (64, 1536, 4), (3, 768, 32), (5, 192, 640)])
 @pytest.mark.parametrize("layout", ["contiguous", "slice", "channel_major"])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("scale", [3.0, 1000.0])
 def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
-    ext, dtype: torch.dtype, batch: int, channels: int, length: int, layout: str, with_bias: bool
+    ext,
+    dtype: torch.dtype,
+    batch: int,
+    channels: int,
+    length: int,
+    layout: str,
+    with_bias: bool,
+    scale: float,
 ) -> None:
     """Shapes of the codec's SnakeBeta inputs, in the layouts it meets: contiguous rows (the vector path when
     a row is a multiple of 8 long), a slice of a longer signal (misaligned: the element path), and the
-    channel-major [C, B, T] storage of the GEMM convs' outputs."""
-    x = torch.randn(batch, channels, length + 7, device="cuda", dtype=dtype) * 3
+    channel-major [C, B, T] storage of the GEMM convs' outputs. At scale 1000, |x * frequency| also goes past
+    2048, where the bf16 kernel's fast sine hands over to sinf."""
+    x = torch.randn(batch, channels, length + 7, device="cuda", dtype=dtype) * scale
     if layout == "slice":
         x = x[..., 3 : 3 + length]
     elif layout == "channel_major":
@@ -351,6 +363,21 @@ def test_snake_beta_bit_identical(  # type: ignore[no-untyped-def]
     out = ops.snake_beta(x, frequency, inverse_beta, bias)
     assert out.is_contiguous() and out.shape == x.shape
     assert torch.equal(out, reference.snake_beta(x, frequency, inverse_beta, bias))
+
+
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_snake_beta_every_bf16_argument(ext, misaligned: bool) -> None:  # type: ignore[no-untyped-def]
+    """The bf16 kernel's sine (MUFU after a Cody-Waite reduction) rounds to the bf16 of sinf thanks to a
+    margin at each value its argument, x * frequency rounded to bf16, can take: all the finite bf16 values
+    as x with frequency 1, through the vector path and (starting one element in) the element path."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(BF16)
+    x = every[every.float().isfinite()].reshape(1, 16, -1).to("cuda")  # 65280 values, 4080 a row
+    if misaligned:
+        x = torch.cat([x[..., :1], x], dim=-1)[..., 1:]
+    frequency = torch.ones(16, device="cuda", dtype=BF16)
+    inverse_beta = (0.5 + torch.rand(16, device="cuda")).to(BF16)
+    expected = reference.snake_beta(x, frequency, inverse_beta)
+    assert torch.equal(ops.snake_beta(x, frequency, inverse_beta), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
@@ -388,3 +415,28 @@ def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
     for context in {(kernel - 1) * dilation, 1, samples - 1}:
         split = ops.unfold_columns(x[..., context:], kernel, dilation, history=x[..., :context])
         assert torch.equal(split, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize(
+    "batch,channels,kernel,dilation,length",
+    [(64, 96, 7, 1, 7680), (1, 96, 7, 1, 1920), (3, 40, 5, 3, 33), (2, 8, 1, 1, 5)],
+)
+def test_conv_to_one_channel(  # type: ignore[no-untyped-def]
+    ext, dtype: torch.dtype, batch: int, channels: int, kernel: int, dilation: int, length: int
+) -> None:
+    """The codec's last conv computed directly, against the float64 conv of the same inputs: float32 within
+    1e-5 relative L2, bf16 within its output rounding; from a channel-major input with a separate history."""
+    context = (kernel - 1) * dilation
+    samples = torch.randn(batch, channels, context + length, device="cuda").to(dtype)
+    samples = samples.transpose(0, 1).contiguous().transpose(0, 1)  # channel-major, like a GEMM conv's output
+    weight = (torch.randn(1, channels, kernel, device="cuda") / (channels * kernel) ** 0.5).to(dtype)
+    bias = torch.randn(1, device="cuda").to(dtype)
+    expected = torch.nn.functional.conv1d(samples.double(), weight.double(), bias.double(), dilation=dilation)
+    whole = ops.conv_to_one_channel(samples, weight, bias, dilation)
+    rest, history = samples[..., context:], samples[..., :context]
+    split = ops.conv_to_one_channel(rest, weight, bias, dilation, history=history)
+    assert whole.shape == (batch, 1, length) and whole.dtype == dtype
+    assert torch.equal(split, whole)
+    assert rel(whole, expected) <= (1e-5 if dtype == torch.float32 else 4e-3)
+    assert torch.equal(ops.conv_to_one_channel(samples[-1:], weight, bias, dilation)[0], whole[-1])

@@ -104,13 +104,17 @@ def test_conv_transpose1d_as_gemm_is_the_transposed_convolution(
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("steps", [1, 7])
 def test_pointwise_residual_as_gemm_is_conv_plus_residual(batch: int, steps: int) -> None:
-    weight, bias = randn(12, 12, 1, seed=1), randn(12, seed=2)
+    """The sum without the conv's bias; a channel-major residual is accumulated into in place."""
+    weight = randn(12, 12, 1, seed=1)
     h, residual = randn(batch, 12, steps, seed=3), randn(batch, 12, steps, seed=4)
-    expected = residual + F.conv1d(h, weight, bias)
-    for layout in (lambda t: t, channel_major):
-        got = pointwise_residual_as_gemm(layout(h), layout(residual), weight[..., 0], bias)
+    expected = residual + F.conv1d(h, weight)
+    for layout in (lambda t: t.clone(), channel_major):
+        given = layout(residual)
+        got = pointwise_residual_as_gemm(layout(h), given, weight[..., 0])
         torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
         assert is_channel_major(got)
+        if is_channel_major(given):
+            assert got.data_ptr() == given.data_ptr()
 
 
 @pytest.fixture

@@ -189,7 +189,7 @@ def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError):
         resolve_mode("turbo")
     with pytest.raises(ValueError, match="fp8 weights"):
-        replace(FAST, fp8_gemm_min_rows=512)  # int8 codes cannot feed an fp8 GEMM
+        replace(FAST, weights="int8")  # int8 codes cannot feed an fp8 GEMM
 
 
 def test_fast_frame_matches_the_reference_frame_on_cpu(

@@ -272,13 +272,12 @@ void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_be
      "snake_beta");
 }
 
-void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, int64_t kernel,
-                    int64_t dilation) {
+// The samples [history | x] of a conv input (float32 or bf16, any strides), checked.
+q3tts::UnfoldInput conv_samples(const at::Tensor& x, const c10::optional<at::Tensor>& history) {
   const at::ScalarType dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "x must be float32 or bfloat16");
   check(x, "x", dtype);
-  check(out, "out", dtype);
-  TORCH_CHECK(x.dim() == 3 && kernel >= 1 && dilation >= 1, "x must be [batch, channels, samples]");
+  TORCH_CHECK(x.dim() == 3, "x must be [batch, channels, samples]");
   q3tts::UnfoldInput input{nullptr, x.data_ptr(), x.size(0), x.size(1), 0, {0, 0, 0},
                            {x.stride(0), x.stride(1), x.stride(2)}};
   if (history.has_value()) {
@@ -289,8 +288,22 @@ void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> hist
     input.context = history->size(2);
     for (int i = 0; i < 3; ++i) input.history_strides[i] = history->stride(i);
   }
+  return input;
+}
+
+// Output steps of a conv of `kernel` taps at `dilation` over the samples.
+int64_t conv_length(const q3tts::UnfoldInput& input, const at::Tensor& x, int64_t kernel, int64_t dilation) {
+  TORCH_CHECK(kernel >= 1 && dilation >= 1, "kernel and dilation must be positive");
   const int64_t length = input.context + x.size(2) - (kernel - 1) * dilation;
   TORCH_CHECK(length >= 1, "the samples are shorter than the kernel's span");
+  return length;
+}
+
+void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, int64_t kernel,
+                    int64_t dilation) {
+  const q3tts::UnfoldInput input = conv_samples(x, history);
+  const int64_t length = conv_length(input, x, kernel, dilation);
+  check(out, "out", x.scalar_type());
   TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(1) * kernel &&
                   out.size(1) == x.size(0) * length,
               "out must be contiguous [channels * kernel, batch * (samples - span)]");
@@ -298,6 +311,28 @@ void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> hist
   ok(q3tts::unfold_columns(out.data_ptr(), input, kernel, length, dilation, static_cast<int>(x.element_size()),
                            stream()),
      "unfold_columns");
+}
+
+void conv_to_one_channel(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, at::Tensor weight,
+                         c10::optional<at::Tensor> bias, int64_t dilation) {
+  const q3tts::UnfoldInput input = conv_samples(x, history);
+  check(weight, "weight", x.scalar_type());
+  TORCH_CHECK(weight.is_contiguous() && weight.dim() == 3 && weight.size(0) == 1 && weight.size(1) == x.size(1),
+              "weight must be contiguous [1, channels, kernel]");
+  const int64_t kernel = weight.size(2);
+  const int64_t length = conv_length(input, x, kernel, dilation);
+  const void* b = nullptr;
+  if (bias.has_value()) {
+    check(*bias, "bias", x.scalar_type());
+    TORCH_CHECK(bias->numel() == 1, "bias must have one element");
+    b = bias->data_ptr();
+  }
+  check(out, "out", x.scalar_type());
+  TORCH_CHECK(out.is_contiguous() && out.numel() == x.size(0) * length, "out must be contiguous [batch, 1, steps]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::conv_to_one_channel(out.data_ptr(), input, weight.data_ptr(), b, kernel, length, dilation,
+                                static_cast<int>(x.element_size()), stream()),
+     "conv_to_one_channel");
 }
 
 void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
@@ -394,5 +429,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("unfold_columns", &unfold_columns);
+  m.def("conv_to_one_channel", &conv_to_one_channel);
   m.def("set_dependent_launch", &set_dependent_launch);
 }

@@ -71,7 +71,8 @@ cudaError_t quantize_rows_fp8(void* out, float* scale, const void* x, int rows, 
 
 // out[b, c, t] = x + inv_beta[c] * sin(x * freq[c])^2 with x = x[b, c, t] (+ bias[c] first, when bias is not
 // null; element strides given), rounded op by op as the torch reference rounds it (fp32, or bf16 after
-// every op). out is contiguous [B, C, T].
+// every op), so bit-identical to it: in bf16 with a fast sine that rounds to the same bf16 as sinf at every
+// bf16 argument (snake.cu says why). out is contiguous [B, C, T].
 cudaError_t snake_beta(void* out, const void* x, const void* freq, const void* inv_beta, const void* bias,
                        int64_t batch, int64_t channels, int64_t length, int64_t batch_stride,
                        int64_t channel_stride, int64_t time_stride, bool is_bf16, cudaStream_t stream);
@@ -89,6 +90,13 @@ struct UnfoldInput {
 };
 cudaError_t unfold_columns(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
                            int element_bytes, cudaStream_t stream);
+
+// out[b, t] = bias + sum over c, k of weight[c, k] * s[b, c, k * dilation + t] (fp32 sums, rounded once to the
+// element type): the conv of the same samples to one output channel, computed directly instead of unfolded.
+// out contiguous [B, length]; weight contiguous [C, K]; bias one element or null.
+cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void* weight, const void* bias,
+                                int64_t kernel, int64_t length, int64_t dilation, int element_bytes,
+                                cudaStream_t stream);
 
 // One fused sampling step per row (block per row, vocab <= 4096), the rules of
 // engine/runtime/sampling.py: repetition penalty over `seen`, bans, greedy argmax (lowest index on ties),

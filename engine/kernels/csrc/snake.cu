@@ -8,20 +8,64 @@
 namespace q3tts {
 namespace {
 
-// The reference's ops in its order, each rounded as torch rounds it: fp32 ops with explicit _rn intrinsics
-// (no FMA contraction), bf16 ops computed in fp32 and rounded to bf16 after every op.
+// float32: the reference's ops in its order, each rounded as torch rounds it: explicit _rn intrinsics (no FMA
+// contraction) and CUDA's own sinf.
 __device__ __forceinline__ float add(float x, float b) { return __fadd_rn(x, b); }
-__device__ __forceinline__ bf16 add(bf16 x, bf16 b) { return to_bf(to_f(x) + to_f(b)); }
 
 __device__ __forceinline__ float snake(float x, float freq, float inv_beta) {
   const float s = sinf(__fmul_rn(x, freq));
   return __fadd_rn(x, __fmul_rn(inv_beta, __fmul_rn(s, s)));
 }
 
+// bf16: the same ops, each computed in fp32 and rounded to bf16 as torch rounds it, and one change: the sine.
+// CUDA's accurate sinf (a long range reduction) made this kernel instruction-bound; here sin(a) is a
+// Cody-Waite reduction to [-pi, pi] and the hardware sine (MUFU, absolute error <= 2^-21.41 there), and it
+// still rounds to the very bf16 that sinf(a) rounds to, because a (x * freq rounded to bf16) takes only 65536
+// values: for each bf16 a with 2^-4 <= |a| < 2048, sin(a) lies more than 1.4 times that error plus the
+// reduction's (<= 2^-23) away from the nearest bf16 rounding boundary (computed for all of them; the nearest,
+// at a = 12.8125). Below 2^-4, sin(a) rounds to a itself. From 2048 on, where the margin fails (a = 2480),
+// and for inf and NaN: sinf.
+__device__ __forceinline__ bf16 add(bf16 x, bf16 b) { return to_bf(to_f(x) + to_f(b)); }
+
+constexpr float kFastSineLimit = 2048.0f;
+constexpr float kInvTwoPi = 0x1.45f306p-3f;  // 1 / (2 pi)
+constexpr float kTwoPiHi = 0x1.921fb6p+2f;   // 2 pi = kTwoPiHi + kTwoPiLo to about 2^-47
+constexpr float kTwoPiLo = -0x1.777a5cp-23f;
+constexpr float kRoundToInteger = 0x1.8p23f;  // x + 1.5 * 2^23 - 1.5 * 2^23 is x rounded to an integer
+
+// sin(a) for a bf16 value a with |a| < kFastSineLimit: a float that rounds to the bf16 of sinf(a).
+__device__ __forceinline__ float fast_sin_of_bf16(float a) {
+  const float k = fmaf(a, kInvTwoPi, kRoundToInteger) - kRoundToInteger;  // the integer nearest a / (2 pi)
+  const float r = fmaf(-k, kTwoPiLo, fmaf(-k, kTwoPiHi, a));               // exact but for its last rounding
+  return fabsf(a) < 0x1p-4f ? a : __sinf(r);
+}
+
+__device__ __forceinline__ bool fast_sine_covers(float a) { return fabsf(a) < kFastSineLimit; }
+
 __device__ __forceinline__ float snake(bf16 x_bf, bf16 freq_bf, bf16 inv_beta_bf) {
   const float x = to_f(x_bf);
-  const float s = round_bf(sinf(round_bf(x * to_f(freq_bf))));
-  return x + round_bf(to_f(inv_beta_bf) * round_bf(s * s));
+  const float a = round_bf(x * to_f(freq_bf));
+  const float s = round_bf(fast_sine_covers(a) ? fast_sin_of_bf16(a) : sinf(a));
+  return x + round_bf(to_f(inv_beta_bf) * round_bf(s * s));  // products of bf16 values: exact in fp32
+}
+
+// Two elements at a time (one instruction rounds two floats to a bf16 pair): the same ops and roundings, with
+// the fast sine only; `uncovered` is set when an a is out of its range (the caller then takes `snake`).
+__device__ __forceinline__ float2 to_f2(__nv_bfloat162 v) {  // the low element, then the high one
+  const uint32_t bits = *reinterpret_cast<const uint32_t*>(&v);
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
+
+__device__ __forceinline__ float2 round_bf2(float lo, float hi) { return to_f2(__floats2bfloat162_rn(lo, hi)); }
+
+__device__ __forceinline__ __nv_bfloat162 snake2(__nv_bfloat162 x2, float freq, float inv_beta, bool& uncovered) {
+  const float2 x = to_f2(x2);
+  const float2 a = round_bf2(x.x * freq, x.y * freq);
+  uncovered = uncovered | !fast_sine_covers(a.x) | !fast_sine_covers(a.y);
+  const float2 s = round_bf2(fast_sin_of_bf16(a.x), fast_sin_of_bf16(a.y));
+  const float2 p = round_bf2(s.x * s.x, s.y * s.y);
+  const float2 q = round_bf2(inv_beta * p.x, inv_beta * p.y);
+  return __floats2bfloat162_rn(x.x + q.x, x.y + q.y);
 }
 
 __device__ __forceinline__ float load(const float* p) { return *p; }
@@ -48,12 +92,48 @@ __global__ void snake_beta_kernel(T* __restrict__ out, const T* __restrict__ x, 
 
 // Eight consecutive time steps of one (batch, channel) row per thread, moved as 16-byte vectors: for rows
 // that are contiguous in time, a multiple of 8 long and 16-byte aligned (the codec's channel-major GEMM
-// outputs). The same per-element arithmetic as snake_beta_kernel, so the same bits; one index division per
-// eight elements instead of three per element, and a quarter (fp32) or an eighth (bf16) of the accesses.
+// outputs). The same per-element arithmetic as snake_beta_kernel, so the same bits (bf16 in pairs); one index
+// division per eight elements instead of three per element, and a quarter (fp32) or an eighth (bf16) of the
+// accesses.
 template <typename T>
 struct alignas(16) Pack8 {
   T v[8];
 };
+
+__device__ __forceinline__ void snake8(Pack8<float>& o, const Pack8<float>& v, float f, float beta,
+                                       const float* bias, int c) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float e = v.v[j];
+    if (bias != nullptr) e = add(e, load(bias + c));
+    store(&o.v[j], snake(e, f, beta));
+  }
+}
+
+__device__ __forceinline__ void snake8(Pack8<bf16>& o, const Pack8<bf16>& v, bf16 f, bf16 beta,
+                                       const bf16* bias, int c) {
+  const auto* in = reinterpret_cast<const __nv_bfloat162*>(v.v);
+  auto* result = reinterpret_cast<__nv_bfloat162*>(o.v);
+  const float b = bias != nullptr ? to_f(load(bias + c)) : 0.0f;
+  bool uncovered = false;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __nv_bfloat162 e = in[j];
+    if (bias != nullptr) {
+      const float2 x = to_f2(e);
+      e = __floats2bfloat162_rn(x.x + b, x.y + b);
+    }
+    result[j] = snake2(e, to_f(f), to_f(beta), uncovered);
+  }
+  if (uncovered) {  // some |x * freq| >= 2048 (rare): the scalar path, with sinf where needed
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      bf16 e = v.v[j];
+      if (bias != nullptr) e = add(e, load(bias + c));
+      store(&o.v[j], snake(e, f, beta));
+    }
+  }
+}
 
 template <typename T>
 __global__ void snake_beta_rows_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ freq,
@@ -67,15 +147,9 @@ __global__ void snake_beta_rows_kernel(T* __restrict__ out, const T* __restrict_
     const int t0 = static_cast<int>(i - static_cast<int64_t>(row) * per_row) * 8;
     const int c = row % channels;
     const int b = row / channels;
-    Pack8<T> v = *reinterpret_cast<const Pack8<T>*>(x + b * batch_stride + c * channel_stride + t0);
-    const T f = load(freq + c), beta = load(inv_beta + c);
+    const Pack8<T> v = *reinterpret_cast<const Pack8<T>*>(x + b * batch_stride + c * channel_stride + t0);
     Pack8<T> o;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      T e = v.v[j];
-      if (bias != nullptr) e = add(e, load(bias + c));
-      store(&o.v[j], snake(e, f, beta));
-    }
+    snake8(o, v, load(freq + c), load(inv_beta + c), bias, c);
     *reinterpret_cast<Pack8<T>*>(out + static_cast<int64_t>(row) * length + t0) = o;
   }
 }

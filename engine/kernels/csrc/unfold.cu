@@ -145,7 +145,73 @@ cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t 
   return cudaGetLastError();
 }
 
+// The codec's last conv (C channels to the one waveform channel) convolved directly from the same samples: as a
+// GEMM it unfolds its input K times over to feed a single output row (at 64 streams a 660 MB bf16 copy and a
+// GEMV over it, for 94 MB of input). A block is 32 outputs of one stream (a lane each, so the sample loads of a
+// warp are consecutive) by 8 warps, warp w summing channels w, w + 8, ...; the 8 partial sums are added in
+// warp order, so the result does not depend on the batch.
+constexpr int kConvWarps = 8;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return to_f(v); }
+__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_float(bf16* p, float v) { *p = to_bf(v); }
+
+template <typename T>
+__global__ void conv_to_one_channel_kernel(T* __restrict__ out, Samples<T> in, const T* __restrict__ weight,
+                                           const T* __restrict__ bias, int channels, int kernel, int dilation,
+                                           int length) {
+  __shared__ float partial[kConvWarps][32];
+  begin_dependent_kernel();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b = blockIdx.y;
+  const int t = blockIdx.x * 32 + lane;
+  float acc = 0.0f;
+  if (t < length) {
+    for (int c = warp; c < channels; c += kConvWarps) {
+      const T* w = weight + static_cast<int64_t>(c) * kernel;
+      for (int k = 0; k < kernel; ++k) {
+        acc = fmaf(to_float(w[k]), to_float(in.at(b, c, static_cast<int64_t>(k) * dilation + t)), acc);
+      }
+    }
+  }
+  partial[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && t < length) {
+    float sum = bias == nullptr ? 0.0f : to_float(*bias);
+#pragma unroll
+    for (int i = 0; i < kConvWarps; ++i) sum += partial[i][lane];
+    store_float(out + static_cast<int64_t>(b) * length + t, sum);
+  }
+}
+
+template <typename T>
+cudaError_t launch_conv(void* out, const UnfoldInput& input, const void* weight, const void* bias, int64_t kernel,
+                        int64_t length, int64_t dilation, cudaStream_t stream) {
+  if (input.batch * length == 0) return cudaSuccess;
+  Samples<T> in{static_cast<const T*>(input.history), static_cast<const T*>(input.x),
+                {input.history_strides[0], input.history_strides[1], input.history_strides[2]},
+                {input.x_strides[0], input.x_strides[1], input.x_strides[2]}, static_cast<int>(input.context)};
+  const dim3 grid(static_cast<unsigned>((length + 31) / 32), static_cast<unsigned>(input.batch));
+  launch_kernel(conv_to_one_channel_kernel<T>, grid, dim3(32 * kConvWarps), stream, static_cast<T*>(out), in,
+                static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<int>(input.channels),
+                static_cast<int>(kernel), static_cast<int>(dilation), static_cast<int>(length));
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void* weight, const void* bias,
+                                int64_t kernel, int64_t length, int64_t dilation, int element_bytes,
+                                cudaStream_t stream) {
+  if (length > INT32_MAX || input.batch > 65535 || input.channels > INT32_MAX || kernel > INT32_MAX ||
+      (input.context > 0 && input.history == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (element_bytes == 4) return launch_conv<float>(out, input, weight, bias, kernel, length, dilation, stream);
+  if (element_bytes == 2) return launch_conv<bf16>(out, input, weight, bias, kernel, length, dilation, stream);
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t unfold_columns(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
                            int element_bytes, cudaStream_t stream) {
