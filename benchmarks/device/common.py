@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +33,12 @@ def package_version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def run_commit() -> str | None:
+    """The commit measured: the COMMIT variable when set (run_all.sh's; a checkout's .git, when it travels,
+    may be older than its files), else HEAD of the checkout, else None."""
+    return os.environ.get("COMMIT") or command_output(["git", "rev-parse", "HEAD"])
 
 
 def command_output(command: list[str]) -> str | None:

@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from common import run_commit  # noqa: E402
+
 from qwen3_tts_native import __version__  # noqa: E402
 from qwen3_tts_native.evidence.client import Profile, RunAborted, wait_for_server  # noqa: E402
 from qwen3_tts_native.evidence.runner import EngineSpec, RunOptions, execute  # noqa: E402
@@ -103,18 +105,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def git_commit() -> str | None:
-    """HEAD of the checkout, when .git travelled with it (else the COMMIT variable, else None)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        head = ""
-    commit = head or os.environ.get("COMMIT", "")
-    return commit if len(commit) >= 7 else None
 
 
 def server_command(engine: str, model: Path, port: int, concurrency: int) -> list[str]:
@@ -316,7 +306,7 @@ def run(args: argparse.Namespace, budget: Budget) -> int:
 
         model = zero_eos_copy(model)
     concurrency = max(p.concurrency or 1 for p in args.profile_list)
-    commit = git_commit()
+    commit = run_commit()
     ports = {engine: free_port() for engine in args.engine_list}
     specs = {engine: engine_spec(engine, ports[engine], commit) for engine in args.engine_list}
     by_id = {spec.id: engine for engine, spec in specs.items()}

@@ -42,6 +42,7 @@ from common import (
     command_output,
     ensure_snapshot,
     package_version,
+    run_commit,
     snapshot_path,
     terminate,
 )
@@ -297,10 +298,9 @@ def machine_facts(device: str) -> dict[str, Any]:
         "device": device,
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "driver": None,
-        "commit": os.environ.get("COMMIT"),
+        "commit": run_commit(),
     }
     facts["driver"] = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    facts["commit"] = command_output(["git", "rev-parse", "HEAD"]) or facts["commit"]
     return facts
 
 

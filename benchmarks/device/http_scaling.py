@@ -43,6 +43,7 @@ from common import (
     command_output,
     ensure_snapshot,
     package_version,
+    run_commit,
     snapshot_path,
     terminate,
 )
@@ -212,7 +213,7 @@ def machine_facts() -> dict[str, Any]:
         "gpu": name.strip() or None,
         "driver": driver.strip() or None,
         "cpu_count": os.cpu_count(),
-        "commit": command_output(["git", "rev-parse", "HEAD"]) or os.environ.get("COMMIT"),
+        "commit": run_commit(),
         "qwen3_tts_mode": os.environ.get("QWEN3_TTS_MODE"),
     }
 
