@@ -55,29 +55,26 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Block-wide sum; every thread gets the result. `scratch` holds one float per warp (<= 32).
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Block-wide reduction of one float a thread by `WarpReduce` (warp_sum or warp_max); every thread gets the
+// result. `scratch` holds one float per warp (<= 32); `identity` stands in for the lanes past the last warp.
+template <float (*WarpReduce)(float)>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
+  v = WarpReduce(v);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float total = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(total);
+  return WarpReduce(lane < warps ? scratch[lane] : identity);
 }
 
-// Block-wide max of non-negative values; every thread gets the result. `scratch` as block_sum's.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce<warp_sum<float>>(v, scratch, 0.0f);
+}
+
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_max(lane < warps ? scratch[lane] : 0.0f);
+  return block_reduce<warp_max>(v, scratch, -INFINITY);
 }
 
 }  // namespace q3tts

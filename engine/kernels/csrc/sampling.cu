@@ -71,15 +71,6 @@ __device__ int block_min_int(int v, int* scratch) {
 
 __device__ int block_max_int(int v, int* scratch) { return -block_min_int(-v, scratch); }
 
-__device__ float block_max_float(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_max(lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : -CUDART_INF_F);
-}
-
 // The k-th largest of the block's scores (k >= 1, counting repeats), in 4 radix passes of 8 bits over the
 // ordered keys: the value keys[size - k] of the sorted path, without sorting. Every thread returns it.
 __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int k, unsigned int* hist,
@@ -182,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
         best_i = i;
       }
     }
-    const float m = block_max_float(best, fscratch);
+    const float m = block_max(best, fscratch);
     chosen = block_min_int(best == m ? best_i : vocab, iscratch);
   } else {
     // 2b. temperature (true division, as the reference's tensor division).
@@ -202,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
       float m = -CUDART_INF_F;
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
-      max_score = block_max_float(m, fscratch);
+      max_score = block_max(m, fscratch);
       kth = block_kth_largest(s, vocab, static_cast<int>(k), hist, iscratch);
     } else if (cut_p) {
       // Stable ascending order: key = (ordered value, id); padding keys (0) sort first.
@@ -238,7 +229,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
       float m = -CUDART_INF_F;
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
-      max_score = block_max_float(m, fscratch);
+      max_score = block_max(m, fscratch);
     }
 
     for (int p = tid; p < vocab; p += kThreads) dropped[p] = 0;
