@@ -55,23 +55,26 @@ def measure(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare(folder: Path, base: str, new: str) -> int:
-    """Per mode and batch: both trees' replay times and the largest waveform difference between them."""
+def compare(folder: Path, base: str, new: str, prefix: str = "codec-packet") -> int:
+    """Per mode: both trees' figures (`<prefix>-<tag>.json`) side by side, and the largest waveform
+    difference between them where both wrote waveforms (`codec-waves-<tag>.pt`)."""
     import torch
 
-    timings = {tag: json.loads((folder / f"codec-packet-{tag}.json").read_text()) for tag in (base, new)}
-    waves = {tag: torch.load(folder / f"codec-waves-{tag}.pt") for tag in (base, new)}
+    timings = {tag: json.loads((folder / f"{prefix}-{tag}.json").read_text()) for tag in (base, new)}
+    wave_files = {tag: folder / f"codec-waves-{tag}.pt" for tag in (base, new)}
+    with_waves = prefix == "codec-packet" and all(path.exists() for path in wave_files.values())
+    waves = {tag: torch.load(path) for tag, path in wave_files.items()} if with_waves else {}
     report: dict[str, dict[str, object]] = {}
     for mode, figures in timings[new]["modes"].items():
         rows: dict[str, object] = {}
         for key, value in figures.items():
             rows[key] = {base: timings[base]["modes"][mode][key], new: value}
-        for name in [n for n in waves[new] if n.startswith(mode)]:
+        for name in [n for n in waves.get(new, {}) if n.startswith(mode)]:
             rows[f"{name.removeprefix(mode + '_')}_max_abs_wave_difference"] = float(
                 (waves[new][name] - waves[base][name]).abs().max()
             )
         report[mode] = rows
-    (folder / "codec-packet-compare.json").write_text(json.dumps(report, indent=2))
+    (folder / f"{prefix}-compare.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=1))
     return 0
 

@@ -1,0 +1,60 @@
+"""The frame for the code on PYTHONPATH: its graph's replay at 1 and 64 streams and the single-stream RTF
+(with and without the codec), exact and fast. Run it for two trees in one call to compare them on one
+machine (`--compare`), as `codec_packet_time.py` does for the codec.
+
+Why: a kernel change inside the frame (a GEMV's loads, say) is one build or the other; its effect on the
+frame is what counts, and device machines differ by more than such a change.
+
+Usage: python benchmarks/device/frame_time.py --model SNAPSHOT --out DIR --tag NAME
+       python benchmarks/device/frame_time.py --compare DIR BASE NEW
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RUNS = 3
+
+
+def measure(args: argparse.Namespace) -> int:
+    import torch
+    from common import load_timing_engine, modes_result
+    from fp8_gemm_ab import frame_replay_ms
+
+    from qwen3_tts_native.commands.bench import measure_single, zero_eos_copy
+
+    timing_model = zero_eos_copy(args.model)
+    result = modes_result()
+    for mode in [m for m in args.modes.split(",") if m]:
+        engine = load_timing_engine(timing_model, mode, 64)
+        figures = {f"frame_replay_{streams}_ms": frame_replay_ms(engine, streams) for streams in (1, 64)}
+        measure_single(engine, 64, 1)
+        single = measure_single(engine, 64, RUNS)
+        figures["single_stream_rtf"] = single["rtf"]["median"]
+        figures["frame_loop_rtf"] = single["frame_loop_rtf"]["median"]
+        result["modes"][mode] = figures
+        print(args.tag, mode, json.dumps(figures), flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"frame-time-{args.tag}.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--compare":
+        from codec_packet_time import compare
+
+        return compare(Path(sys.argv[2]), sys.argv[3], sys.argv[4], prefix="frame-time")
+    from common import measurement_parser
+
+    parser = measurement_parser(__doc__)
+    parser.add_argument("--tag", required=True, help="names the JSON written")
+    return measure(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
