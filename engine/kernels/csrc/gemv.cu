@@ -18,10 +18,7 @@ namespace q3tts {
 namespace {
 
 constexpr int kWarps = 4;
-// Weight chunks a lane loads per batch (of each of its rows): 8 x 16 bytes, so that a batch is the whole row
-// share of a lane for the talker's bf16 k = 2048 products and its fp8 down projection, all loaded before the
-// dependent-launch wait (benchmarks/results/2026-11-30-run40 measures 4 against 8).
-constexpr int kUnroll = 8;
+constexpr int kUnroll = 4;
 constexpr int kMaxNormRows = 4;  // activation rows a normed GEMV takes (one tile, normed by every block)
 
 template <WeightKind K>
@@ -91,8 +88,8 @@ __device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint
 // order, so a weight row's reduction order depends on S (a function of the weight's shape) but not on R,
 // NT or n. `raw` holds the first batch, loaded by the
 // caller with `load_chunks` before `wait_for_previous_kernel`: weights are never written by a kernel, so they
-// stream in while the kernel that makes x still runs (see kUnroll for the rows that fit one batch). x is in
-// global memory, or in shared memory when kSharedX.
+// stream in while the kernel that makes x still runs (for the code predictor's k = 1024 that batch is the
+// whole row). x is in global memory, or in shared memory when kSharedX.
 template <WeightKind K, int NT, int R, bool kSharedX, int S>
 __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw)[R][kUnroll],
                                                 const uint4* const (&rows)[R], const bf16* __restrict__ x,
