@@ -31,14 +31,16 @@ from qwen3_tts_native.commands.bench import (
     run_concurrent,
     zero_eos_copy,
 )
-from qwen3_tts_native.engine.runtime.modes import FAST, Mode
+from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
 
 RUNS = 3
 FRAMES = 32
 
 
 def variant_mode(name: str) -> Mode:
-    """ "int8", "fp8" or "fp8-gemm<N>" (fp8 weights, fp8 GEMMs from N rows)."""
+    """ "exact", "int8", "fp8" or "fp8-gemm<N>" (fp8 weights, fp8 GEMMs from N rows)."""
+    if name == "exact":
+        return EXACT
     if name == "int8":
         return replace(FAST, weights="int8", fp8_gemm_min_rows=None)
     if name == "fp8":

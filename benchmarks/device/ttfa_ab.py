@@ -31,8 +31,7 @@ def main() -> int:
     timing_model = zero_eos_copy(args.model)
     names = [v for v in args.variants.split(",") if v]
     engines: dict[str, Any] = {
-        name: load_timing_engine(timing_model, "exact" if name == "exact" else variant_mode(name), 4)
-        for name in names
+        name: load_timing_engine(timing_model, variant_mode(name), 4) for name in names
     }
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(ROUNDS):

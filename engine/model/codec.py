@@ -607,7 +607,7 @@ class DecoderBlock(_Derived):
 
     The residual units' last 1x1 convs leave their biases unadded: each unit's SnakeBeta adds the sum so
     far to its input in the same kernel, and the block returns the rest for the next layer to add the
-    same way. Adding them to the residual stream was a pass over it per unit (at 64 streams, 0.75 of a
+    same way. Adding them to the residual stream was a pass over it per unit (at 64 streams, 0.75 ms of a
     9 ms bf16 packet, benchmarks/results/2026-11-30-run35). `unit_biases[i]` is the sum of units 0..i's.
     """
 
