@@ -82,39 +82,6 @@ __device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint
   }
 }
 
-// The second batch of the same chunks, copied asynchronously into this lane's slots of shared memory (`stage`:
-// chunk (r, u) at stage[(r * kUnroll + u) * 32]): issued with the first batch, before the dependent-launch wait,
-// so that a row of two batches (the talker's bf16 rows, k = 2048) streams in whole while the previous kernel
-// still runs, without the registers a second batch would take (which cost occupancy: run 40).
-template <int R, int S>
-__device__ __forceinline__ void stage_chunks(uint4* stage, const uint4* const (&rows)[R], int base, int chunks) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int c = base + u * 32 * S;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      uint4* slot = stage + (r * kUnroll + u) * 32;
-      if (c < chunks) {
-        const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(slot));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(rows[r] + c) : "memory");
-      } else {
-        *slot = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int R>
-__device__ __forceinline__ void take_staged_chunks(uint4 (&raw)[R][kUnroll], const uint4* stage) {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) raw[r][u] = stage[(r * kUnroll + u) * 32];
-  }
-}
-
 // The weight-streaming loop of one warp over R weight rows (`rows[r]`, k wide) against the NT activation rows of
 // x: acc[r][t] += sum_k W_r[k] x_t[k], this lane's share (acc starts at zero). With S warps to a row (S = 1: the whole row) the warp
 // of `part` takes the row's 32-chunk groups part, part + S, ...; each lane its chunk of every group, in
@@ -122,13 +89,11 @@ __device__ __forceinline__ void take_staged_chunks(uint4 (&raw)[R][kUnroll], con
 // NT or n. `raw` holds the first batch, loaded by the
 // caller with `load_chunks` before `wait_for_previous_kernel`: weights are never written by a kernel, so they
 // stream in while the kernel that makes x still runs (for the code predictor's k = 1024 that batch is the
-// whole row). The second batch is in `stage` when not null (`stage_chunks`). x is in global memory, or in
-// shared memory when kSharedX.
+// whole row). x is in global memory, or in shared memory when kSharedX.
 template <WeightKind K, int NT, int R, bool kSharedX, int S>
 __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw)[R][kUnroll],
-                                                const uint4* const (&rows)[R], const uint4* stage,
-                                                const bf16* __restrict__ x, int rows_here, int k, int x_stride,
-                                                int part) {
+                                                const uint4* const (&rows)[R], const bf16* __restrict__ x,
+                                                int rows_here, int k, int x_stride, int part) {
   using C = Chunk<K>;
   constexpr int E = C::kElems;
   constexpr int kStep = 32 * S * kUnroll;
@@ -158,14 +123,7 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw
         }
       }
     }
-    if (base + kStep < chunks) {
-      if (stage != nullptr) {
-        take_staged_chunks<R>(raw, stage);
-        stage = nullptr;
-      } else {
-        load_chunks<R, S>(raw, rows, base + kStep, chunks);
-      }
-    }
+    if (base + kStep < chunks) load_chunks<R, S>(raw, rows, base + kStep, chunks);
   }
 }
 
@@ -231,26 +189,16 @@ __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__
 
 // The part every GEMV kernel shares: let the next kernel be scheduled, start this warp's weight rows, wait
 // for the previous kernel, norm the input rows when kNorm, then stream: acc[r][t] for weight rows rows[r]
-// (this warp's `part` of them when S warps share a row; zeros when not `active`). kStaged: a lane's share of a
-// row is two batches or more, and the second is staged in shared memory before the wait (`stage_chunks`).
-template <WeightKind K, int NT, int R, bool kNorm, bool kStaged, int S = 1>
+// (this warp's `part` of them when S warps share a row; zeros when not `active`).
+template <WeightKind K, int NT, int R, bool kNorm, int S = 1>
 __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* const (&rows)[R], bool active,
                                           const bf16* __restrict__ x, int rows_here, int k, int x_stride,
                                           const InputNorm& norm, int part = 0) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  __shared__ uint4 stages[kStaged ? kWarps : 1][kStaged ? R * kUnroll * 32 : 1];
   allow_next_kernel();
   uint4 raw[R][kUnroll];
   const int chunks = k / Chunk<K>::kElems;
-  const int first = (threadIdx.x & 31) + 32 * part;
-  uint4* stage = nullptr;
-  if (active) load_chunks<R, S>(raw, rows, first, chunks);
-  if constexpr (kStaged) {
-    if (active && first + 32 * S * kUnroll < chunks) {
-      stage = &stages[threadIdx.x >> 5][threadIdx.x & 31];
-      stage_chunks<R, S>(stage, rows, first + 32 * S * kUnroll, chunks);
-    }
-  }
+  if (active) load_chunks<R, S>(raw, rows, (threadIdx.x & 31) + 32 * part, chunks);
   wait_for_previous_kernel();
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -261,9 +209,9 @@ __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* cons
     static_assert(S == 1, "a normed GEMV keeps one warp per row");
     bf16* normed = reinterpret_cast<bf16*>(shared_bytes);
     norm_rows<NT>(normed, x, x_stride, rows_here, k, norm);
-    if (active) accumulate_rows<K, NT, R, true, 1>(acc, raw, rows, stage, normed, rows_here, k, k, 0);
+    if (active) accumulate_rows<K, NT, R, true, 1>(acc, raw, rows, normed, rows_here, k, k, 0);
   } else {
-    if (active) accumulate_rows<K, NT, R, false, S>(acc, raw, rows, stage, x, rows_here, k, x_stride, part);
+    if (active) accumulate_rows<K, NT, R, false, S>(acc, raw, rows, x, rows_here, k, x_stride, part);
   }
 }
 
@@ -287,7 +235,7 @@ __device__ __forceinline__ bf16 product(float lane_sum, const float* scale, cons
 // S warps to an output row (kWarps / S rows a block): for weights of few, long rows (the o and down
 // projections, m <= 2048), where one warp a row leaves too few bytes in flight; the S partial sums are added
 // in warp order.
-template <WeightKind K, int NT, bool kNorm, bool kStaged, int S>
+template <WeightKind K, int NT, bool kNorm, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                 const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
@@ -300,7 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rows_here = min(NT, n);
   const uint4* const rows[1] = {weight_row<K>(w, active ? row : 0, k)};
   float acc[1][NT];
-  gemv_rows<K, NT, 1, kNorm, kStaged, S>(acc, rows, active, x, rows_here, k, x_stride, norm, part);
+  gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, part);
   if constexpr (S == 1) {
     if (!active) return;
 #pragma unroll
@@ -331,7 +279,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // SiLU(gate) * up straight from the fused gate/up weight [2m, k] (gate rows first): one warp computes gate row
 // i and up row m + i together and writes only the SwiGLU, with swiglu.cu's expression on the two bf16
 // products. The products are the plain GEMV's, bit for bit, so the result equals linear then silu_mul.
-template <WeightKind K, int NT, bool kNorm, bool kStaged>
+template <WeightKind K, int NT, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_swiglu_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride,
@@ -341,7 +289,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rows_here = min(NT, n);
   const uint4* const rows[2] = {weight_row<K>(w, active ? row : 0, k), weight_row<K>(w, active ? m + row : 0, k)};
   float acc[2][NT];
-  gemv_rows<K, NT, 2, kNorm, kStaged>(acc, rows, active, x, rows_here, k, x_stride, norm);
+  gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm);
   if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
@@ -364,20 +312,14 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
   auto* bias = static_cast<const bf16*>(bias_in);
   const dim3 grid((m + kWarps - 1) / kWarps);
   const dim3 block(kWarps * 32);
-  // Whether a lane's share of a weight row is more than one batch (then the second is staged; decode tiles of
-  // one or two rows only, to keep the number of kernels down): a function of the weight's shape.
-  const int chunks = k / Chunk<K>::kElems;
-  auto staged = [&](int warps_a_row, int tile) { return tile <= 2 && chunks > 32 * warps_a_row * kUnroll; };
   if (norm != nullptr) {
-#define Q3TTS_NORMED_AS(NT, STAGED)                                                                           \
-  swiglu ? launch_kernel_shared(gemv_swiglu_kernel<K, NT, true, STAGED>, grid, block, NT * k * sizeof(bf16),   \
-                                stream, y, x, w, scale, n, k, m, x_stride, y_stride, *norm)                    \
-         : launch_kernel_shared(gemv_kernel<K, NT, true, STAGED, 1>, grid, block, NT * k * sizeof(bf16), stream, \
-                                y, x, w, scale, bias, n, k, m, x_stride, y_stride, *norm)
-#define Q3TTS_NORMED(NT) (staged(1, NT) ? Q3TTS_NORMED_AS(NT, true) : Q3TTS_NORMED_AS(NT, false))
-    const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED_AS(kMaxNormRows, false);
+#define Q3TTS_NORMED(NT)                                                                                      \
+  swiglu ? launch_kernel_shared(gemv_swiglu_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, \
+                                w, scale, n, k, m, x_stride, y_stride, *norm)                                  \
+         : launch_kernel_shared(gemv_kernel<K, NT, true, 1>, grid, block, NT * k * sizeof(bf16), stream, y, x, w, \
+                                scale, bias, n, k, m, x_stride, y_stride, *norm)
+    const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(kMaxNormRows);
 #undef Q3TTS_NORMED
-#undef Q3TTS_NORMED_AS
     return err;
   }
   const InputNorm none = {nullptr, nullptr, nullptr, 0.0f};
@@ -389,27 +331,22 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
     const int tile = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const bf16* xt = x + static_cast<int64_t>(n0) * x_stride;
     bf16* yt = y + static_cast<int64_t>(n0) * y_stride;
-#define Q3TTS_PLAIN(NT, STAGED, S)                                                                            \
-  launch_kernel(gemv_kernel<K, NT, false, STAGED, S>, split_grid, block, stream, yt, xt, w, scale, bias, tile, k, \
-                m, x_stride, y_stride, none)
-#define Q3TTS_SPLIT(NT, STAGED)                                                                               \
-  (split == 4 ? Q3TTS_PLAIN(NT, STAGED, 4) : split == 2 ? Q3TTS_PLAIN(NT, STAGED, 2) : Q3TTS_PLAIN(NT, STAGED, 1))
-#define Q3TTS_TILE_AS(NT, STAGED)                                                                             \
-  (swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT, false, STAGED>, grid, block, stream, yt, xt, w, scale, tile, \
-                          k, m, x_stride, y_stride, none)                                                      \
-          : Q3TTS_SPLIT(NT, STAGED))
-#define Q3TTS_TILE(NT) (staged(split, NT) ? Q3TTS_TILE_AS(NT, true) : Q3TTS_TILE_AS(NT, false))
+#define Q3TTS_PLAIN(NT, S)                                                                                    \
+  launch_kernel(gemv_kernel<K, NT, false, S>, split_grid, block, stream, yt, xt, w, scale, bias, tile, k, m,   \
+                x_stride, y_stride, none)
+#define Q3TTS_TILE(NT)                                                                                        \
+  swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, tile, k, m,  \
+                         x_stride, y_stride, none)                                                            \
+         : split == 4 ? Q3TTS_PLAIN(NT, 4) : split == 2 ? Q3TTS_PLAIN(NT, 2) : Q3TTS_PLAIN(NT, 1)
     cudaError_t err;
     switch (tile) {
-      case 16: err = Q3TTS_TILE_AS(16, false); break;
-      case 8: err = Q3TTS_TILE_AS(8, false); break;
-      case 4: err = Q3TTS_TILE_AS(4, false); break;
+      case 16: err = Q3TTS_TILE(16); break;
+      case 8: err = Q3TTS_TILE(8); break;
+      case 4: err = Q3TTS_TILE(4); break;
       case 2: err = Q3TTS_TILE(2); break;
       default: err = Q3TTS_TILE(1); break;
     }
 #undef Q3TTS_TILE
-#undef Q3TTS_TILE_AS
-#undef Q3TTS_SPLIT
 #undef Q3TTS_PLAIN
     if (err != cudaSuccess) return err;
     n0 += tile;
