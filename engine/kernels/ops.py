@@ -265,6 +265,12 @@ def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor 
     return out
 
 
+def _conv_steps(x: Tensor, kernel: int, dilation: int, history: Tensor | None) -> int:
+    """Output steps of a conv of `kernel` taps at `dilation` over the samples [history | x]."""
+    context = 0 if history is None else history.shape[-1]
+    return context + x.shape[-1] - (kernel - 1) * dilation
+
+
 def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:
     """The [C * kernel, B * T] columns of a conv as one GEMM over the samples [history | x]
     (`reference.unfold_columns`), float32 or bf16, any strides: one copy kernel moving 16 bytes a thread that
@@ -276,9 +282,8 @@ def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None
     unfolds = kernel > 1 or history is not None
     if ext is None or not unfolds or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 3:
         return reference.unfold_columns(x, kernel, dilation, history)
-    batch, channels, samples = x.shape
-    context = 0 if history is None else history.shape[-1]
-    length = context + samples - (kernel - 1) * dilation
+    batch, channels, _ = x.shape
+    length = _conv_steps(x, kernel, dilation, history)
     out = torch.empty(channels * kernel, batch * length, dtype=x.dtype, device=x.device)
     ext.unfold_columns(out, x, history, kernel, dilation)
     return out
@@ -297,8 +302,7 @@ def conv_to_one_channel(
     fits = x.dim() == 3 and x.dtype in (torch.float32, torch.bfloat16) and weight.shape[0] == 1
     if ext is None or not fits or x.shape[0] > 65535:
         return reference.conv_to_one_channel(x, weight, bias, dilation, history)
-    context = 0 if history is None else history.shape[-1]
-    length = context + x.shape[-1] - (weight.shape[-1] - 1) * dilation
+    length = _conv_steps(x, weight.shape[-1], dilation, history)
     out = torch.empty(x.shape[0], 1, length, dtype=x.dtype, device=x.device)
     ext.conv_to_one_channel(out, x, history, weight.contiguous(), bias, dilation)
     return out

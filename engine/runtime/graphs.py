@@ -18,8 +18,9 @@ of all the sessions prefilled together are the rows of one pass, one row per tok
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of
 the batch's bucket. A pass above the largest prompt bucket (several sessions prefilled together) has no
 graph and attends through torch's flash attention over each prompt (`PromptLayout`) instead of the
-per-row decode kernel. Modes (runtime/modes.py) differ only in the GEMV weights: bf16 (exact) or 8-bit
-(fast).
+per-row decode kernel. Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the
+GEMVs reading those, and fast's products of many rows (prompt passes of several sessions) running as fp8
+GEMMs (`Weight`).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
