@@ -5,7 +5,7 @@ machine (`--compare`), as `codec_packet_time.py` does for the codec.
 Why: a kernel change inside the frame (a GEMV's loads, say) is one build or the other; its effect on the
 frame is what counts, and device machines differ by more than such a change.
 
-Usage: python benchmarks/device/frame_time.py --model SNAPSHOT --out DIR --tag NAME [--l2-prefetch-mib N]
+Usage: python benchmarks/device/frame_time.py --model SNAPSHOT --out DIR --tag NAME
        python benchmarks/device/frame_time.py --compare DIR BASE NEW
 """
 
@@ -25,10 +25,7 @@ def measure(args: argparse.Namespace) -> int:
     from fp8_gemm_ab import frame_replay_ms
 
     from qwen3_tts_native.commands.bench import measure_single, zero_eos_copy
-    from qwen3_tts_native.engine.runtime import graphs
 
-    if args.l2_prefetch_mib is not None:
-        graphs.L2_PREFETCH_BYTES = int(args.l2_prefetch_mib * 2**20) // 16 * 16
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
     for mode in [m for m in args.modes.split(",") if m]:
@@ -56,11 +53,6 @@ def main() -> int:
 
     parser = measurement_parser(__doc__)
     parser.add_argument("--tag", required=True, help="names the JSON written")
-    parser.add_argument(
-        "--l2-prefetch-mib",
-        type=float,
-        help="bytes of the next weight each GEMV asks the L2 for (graphs.L2_PREFETCH_BYTES; 0: none)",
-    )
     return measure(parser.parse_args())
 
 

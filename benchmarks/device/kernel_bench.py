@@ -82,19 +82,12 @@ def gemv_table(batches: list[int]) -> list[dict[str, Any]]:
 
 L2_BYTES = 60 * 2**20
 GRAPH_CALLS = 24
-# (label, dependent launch, L2 prefetch of the next GEMV's weights)
-VARIANTS = [
-    ("dependent_launch", True, False),
-    ("plain_launch", False, False),
-    ("dependent_launch_prefetch", True, True),
-]
 
 
 def graph_gemv_table() -> list[dict[str, Any]]:
     """One activation row through `GRAPH_CALLS` back-to-back GEMVs captured in one CUDA graph, each on its
     own copy of the weight from a ring larger than twice L2 (so nothing is served from cache): the per-call
-    cost as a frame's graph sees it, gaps included. With dependent launch on and off, and on with each GEMV
-    asking the L2 for the next one's weights (`prefetch`)."""
+    cost as a frame's graph sees it, gaps included. With dependent launch on and off."""
     ext = loader.load()
     assert ext is not None
     rows = []
@@ -109,14 +102,14 @@ def graph_gemv_table() -> list[dict[str, Any]]:
             x = torch.randn(1, k, device="cuda", dtype=BF16)
             out = torch.empty(1, m, device="cuda", dtype=BF16)
             entry: dict[str, Any] = {"op": name, "weights": kind, "k": k, "m": m}
-            for label, dependent, prefetch in VARIANTS:
+            for dependent in (True, False):
                 ops.set_dependent_launch(dependent)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     for call in range(GRAPH_CALLS):
-                        following = ring[(call + 1) % copies] if prefetch else None
-                        ext.gemv(out, x, ring[call % copies], scale, None, following)
+                        ext.gemv(out, x, ring[call % copies], scale, None)
                 us = bench_us(graph.replay) / GRAPH_CALLS
+                label = "dependent_launch" if dependent else "plain_launch"
                 weight_bytes = data.numel() * data.element_size()
                 entry[label] = {"us": round(us, 2), "weight_gbps": round(weight_bytes / us / 1e3, 1)}
             ops.set_dependent_launch(True)

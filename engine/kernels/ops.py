@@ -315,7 +315,6 @@ def rms_norm_linear(
     weight: Tensor | QuantizedWeight,
     delta: Tensor | None = None,
     swiglu: bool = False,
-    prefetch: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(product, s): s = x + delta (x itself when delta is None), the product `linear` (or `linear_swiglu`)
     of rms_norm(s) * norm_weight. x and delta are left as they are; s is a new tensor when delta is given.
@@ -323,7 +322,6 @@ def rms_norm_linear(
     For 1 to 4 rows one kernel: every GEMV block norms the rows into shared memory before it streams its
     weights, so the norm costs no kernel and no dependency of its own. The norm rounds as `add_rms_norm_`
     does except for the order of the fp32 sum of squares (at most 1 bf16 ulp in the normed input).
-    `prefetch`: as `linear`'s.
     """
     operands = _gemv_operands(x, weight, None)
     rows = x.reshape(-1, x.shape[-1])
@@ -338,15 +336,14 @@ def rms_norm_linear(
     if operands is None or not fits or rows.shape[0] == 0:
         s = x if delta is None else x.clone()
         h = rms_norm(x, norm_weight, eps) if delta is None else add_rms_norm_(delta, s, norm_weight, eps)
-        product = linear_swiglu(h, weight, prefetch) if swiglu else linear(h, weight, prefetch=prefetch)
-        return product, s
+        return (linear_swiglu(h, weight) if swiglu else linear(h, weight)), s
     ext, x_rows, data, scale = operands
     width = data.shape[0] // 2 if swiglu else data.shape[0]
     y = torch.empty(x_rows.shape[0], width, dtype=x.dtype, device=x.device)
     s = x if delta is None else torch.empty_like(x)
     delta_rows = None if delta is None else delta.view(x_rows.shape)
     sum_rows = None if delta is None else s.view(x_rows.shape)
-    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu, prefetch)
+    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu)
     return y.view(*x.shape[:-1], width), s
 
 
@@ -367,14 +364,8 @@ def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | N
     return ext, rows, data, None if isinstance(weight, Tensor) else weight.scale
 
 
-def linear(
-    x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None, prefetch: Tensor | None = None
-) -> Tensor:
+def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """x @ W^T (+ bias) for bf16 or weight-only 8-bit W, one warp per output row (batch invariant).
-
-    `prefetch` (a contiguous CUDA tensor, 16-byte aligned and sized, or None): bytes the kernel asks the L2
-    cache for before it waits on the kernel ahead of it, the next product's weights in a decode frame (see
-    launchers.h's L2Prefetch). It never changes the result, and the reference ignores it.
 
     Kernel tolerance vs the reference: bf16 W, 1e-2 relative L2 (fp32 accumulation in another order);
     8-bit W, 1e-2 relative L2 against the fp32 product of the stored codes.
@@ -384,7 +375,7 @@ def linear(
         return reference.linear(x, weight, bias)
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
-    ext.gemv(out, rows, data, scale, bias, prefetch)
+    ext.gemv(out, rows, data, scale, bias)
     return out.view(*x.shape[:-1], data.shape[0])
 
 
@@ -438,20 +429,19 @@ def fp8_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight, prefetch: Tensor | None = None) -> Tensor:
+def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
     """SiLU(x @ gate^T) * (x @ up^T) for the fused weight gate_up = [gate; up] [2I, in]: [.., I].
 
     One kernel instead of the GEMV and `silu_mul`: a warp computes gate row i and up row I + i and writes
     only their SwiGLU, so the [.., 2I] product never goes to memory. Bit-identical to `linear` then
-    `silu_mul` (the same products, rounded the same way, and swiglu.cu's expression). `prefetch`: as
-    `linear`'s.
+    `silu_mul` (the same products, rounded the same way, and swiglu.cu's expression).
     """
     operands = _gemv_operands(x, gate_up, None)
     if operands is None or gate_up.shape[0] % 2:
         return reference.linear_swiglu(x, gate_up)
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
-    ext.gemv_swiglu(out, rows, data, scale, prefetch)
+    ext.gemv_swiglu(out, rows, data, scale)
     return out.view(*x.shape[:-1], data.shape[0] // 2)
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -71,9 +70,6 @@ PROMPT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256)
 launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's
 time to first audio. A pass of more rows runs eagerly, unpadded. The largest bucket bounds what the graphs
 add to the footprint (the attention workspace grows as rows x context)."""
-L2_PREFETCH_BYTES = 16 * 2**20
-"""Bytes of the next product's weights a GEMV asks the L2 for (`Weight.l2_prefetch`), at most: a third of the
-H200's L2, so that the lines survive the current GEMV's own stream of weights until they are read."""
 
 
 def prompt_pass_rows(rows: int) -> int:
@@ -172,9 +168,7 @@ class Weight:
     """A decode weight in both layouts: `dense` bf16 for cuBLAS, `small` (bf16 or 8-bit) for the GEMV.
 
     Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
-    is then fp8) an fp8 GEMM over `small`; in between, bf16 cuBLAS over `dense`. A GEMV asks the L2 for the
-    start of the next product's weights (`prefetch`, the weight that follows it in the frame) before it waits
-    on the kernel ahead of it, so that product's first reads come from the L2 (ops.linear)."""
+    is then fp8) an fp8 GEMM over `small`; in between, bf16 cuBLAS over `dense`."""
 
     dense: Tensor
     small: Tensor | QuantizedWeight
@@ -182,34 +176,22 @@ class Weight:
     norm_in_gemv: bool = True
     fp8_min_rows: int | None = None
 
-    @cached_property
-    def l2_prefetch(self) -> Tensor:
-        """The first `L2_PREFETCH_BYTES` of the GEMV weight as bytes: what the product before asks for."""
-        data = self.small if isinstance(self.small, Tensor) else self.small.data
-        return data.view(-1).view(torch.uint8)[:L2_PREFETCH_BYTES]
-
-    def __call__(self, x: Tensor, bias: Tensor | None = None, prefetch: Weight | None = None) -> Tensor:
+    def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         if self._dense_rows(x):
             return self._gemm(x, bias)
-        return ops.linear(x, self.small, bias, _prefetch_of(prefetch))
+        return ops.linear(x, self.small, bias)
 
-    def swiglu(self, x: Tensor, prefetch: Weight | None = None) -> Tensor:
+    def swiglu(self, x: Tensor) -> Tensor:
         """SiLU(gate) * up for this fused [gate; up] weight: on the GEMV path one kernel that writes only the
         SwiGLU (ops.linear_swiglu), on cuBLAS the product then `silu_mul`; the same result either way."""
         if not self._dense_rows(x):
-            return ops.linear_swiglu(x, self.small, _prefetch_of(prefetch))
+            return ops.linear_swiglu(x, self.small)
         gate_up = self._gemm(x)
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
 
     def after_rms_norm(
-        self,
-        x: Tensor,
-        delta: Tensor | None,
-        norm_weight: Tensor,
-        eps: float,
-        swiglu: bool = False,
-        prefetch: Weight | None = None,
+        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, swiglu: bool = False
     ) -> tuple[Tensor, Tensor]:
         """(this weight's product with rms_norm(s) * norm_weight, s), s = x + delta (x when delta is None): a
         block's residual add, its RMSNorm and the projection after it (the SwiGLU for a gate/up weight).
@@ -217,15 +199,13 @@ class Weight:
         On the GEMV path one kernel whose blocks norm their input (ops.rms_norm_linear; s is a new tensor).
         On cuBLAS the add-RMSNorm kernel updates x in place (s is x), then the product."""
         if self.norm_in_gemv and not self._dense_rows(x):
-            return ops.rms_norm_linear(
-                x, norm_weight, eps, self.small, delta=delta, swiglu=swiglu, prefetch=_prefetch_of(prefetch)
-            )
+            return ops.rms_norm_linear(x, norm_weight, eps, self.small, delta=delta, swiglu=swiglu)
         h = (
             ops.rms_norm(x, norm_weight, eps)
             if delta is None
             else ops.add_rms_norm_(delta, x, norm_weight, eps)
         )
-        return (self.swiglu(h, prefetch) if swiglu else self(h, prefetch=prefetch)), x
+        return (self.swiglu(h) if swiglu else self(h)), x
 
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
@@ -234,10 +214,6 @@ class Weight:
         if self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows:
             return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
         return F.linear(x, self.dense, bias)
-
-
-def _prefetch_of(weight: Weight | None) -> Tensor | None:
-    return None if weight is None else weight.l2_prefetch
 
 
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
@@ -322,7 +298,6 @@ def _run_blocks(
     distinct_slots: bool,
     span: int | None = None,
     layout: PromptLayout | None = None,
-    then: Weight | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
@@ -332,13 +307,11 @@ def _run_blocks(
     residual add is fused into the next RMSNorm, and on the GEMV path that into the qkv or gate/up
     projection after it (the residual stream then moves to new tensors instead). `distinct_slots`: no two
     rows write the same cache slot, and `span` bounds lengths (see `ops.rope_attention`). With a `layout`
-    (a pass of whole prompts above the graph buckets) the attention is `PromptLayout.attend`. Each product
-    prefetches the next one's weights (`Weight`); `then` is the product after the last block's.
+    (a pass of whole prompts above the graph buckets) the attention is `PromptLayout.attend`.
     """
     residual, delta = x, None
     for index, blk in enumerate(blocks):
-        following = blocks[index + 1].qkv if index + 1 < len(blocks) else then
-        qkv, residual = blk.qkv.after_rms_norm(residual, delta, blk.input_norm, eps, prefetch=blk.o)
+        qkv, residual = blk.qkv.after_rms_norm(residual, delta, blk.input_norm, eps)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         k_cache, v_cache = cache_k[index], cache_v[index]
         if layout is not None:
@@ -365,11 +338,8 @@ def _run_blocks(
                 distinct_slots=distinct_slots,
                 span=span,
             )
-        attention_out = blk.o(attended, prefetch=blk.gate_up)
-        mlp, residual = blk.gate_up.after_rms_norm(
-            residual, attention_out, blk.post_norm, eps, swiglu=True, prefetch=blk.down
-        )
-        delta = blk.down(mlp, prefetch=following)
+        mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
+        delta = blk.down(mlp)
     assert delta is not None
     return residual, delta
 
@@ -482,7 +452,6 @@ class KernelFrame:
             distinct_slots=distinct_slots,
             span=span,
             layout=layout,
-            then=self.codec_head,
         )
         return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
 
@@ -503,10 +472,7 @@ class KernelFrame:
         step_positions = torch.arange(2, self.groups + 1, device=device).repeat_interleave(batch)
         step_positions = step_positions.view(-1, batch)
         step_lengths = step_positions + 1
-        first = blocks[0].qkv
-        x = self.projection(
-            torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias, prefetch=first
-        )
+        x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
         residual, delta = _run_blocks(
             blocks,
             x,
@@ -520,10 +486,8 @@ class KernelFrame:
             cache_v,
             scale,
             distinct_slots=False,  # each session's two prefix tokens share its slot
-            then=self.heads[0],
         )
-        normed = ops.add_rms_norm_(delta, residual, final, eps)
-        logits = self.heads[0](normed[1::2].contiguous(), prefetch=first)
+        logits = self.heads[0](ops.add_rms_norm_(delta, residual, final, eps)[1::2].contiguous())
         codes = []
         for group in range(self.groups):
             uniforms = rows.uniforms[:, 1 + group]
@@ -548,11 +512,8 @@ class KernelFrame:
                 cache_v,
                 scale,
                 distinct_slots=True,
-                then=self.heads[group + 1],
             )
-            # After the last head, the next frame's talker.
-            following = first if group + 2 < self.groups else self.talker_blocks[0].qkv
-            logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps, prefetch=following)
+            logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps)
         return torch.stack(codes, dim=1)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -562,7 +523,7 @@ class KernelFrame:
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (`step.complete_frames`)."""
         cb0 = ops.sample_talker(
-            self.codec_head(hidden, prefetch=self.projection),  # bfloat16: the sampler reads it as float32
+            self.codec_head(hidden),  # bfloat16: the sampler reads it as float32
             rows.uniforms[:, 0],
             rows.talker_sampling,
             rows.cb0_history,

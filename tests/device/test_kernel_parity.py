@@ -254,27 +254,6 @@ def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore
     assert torch.equal(ops.linear(x[-1:], weight, bias)[0], out[-1])
 
 
-@pytest.mark.parametrize("n", [1, 3, 37])
-@pytest.mark.parametrize("kind", ["bf16", "fp8"])
-def test_l2_prefetch_changes_no_product(ext, n: int, kind: str) -> None:  # type: ignore[no-untyped-def]
-    """A GEMV that asks the L2 for another weight's bytes (the next product's in a frame) writes the same bits
-    as without, in the plain, SwiGLU and normed kernels; 37 rows take three tiles (the first prefetches), and
-    a prefetch smaller than the grid leaves most blocks nothing to ask for."""
-    k, m = 1024, 4096
-    x = torch.randn(n, k, device="cuda", dtype=BF16)
-    w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
-    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
-    norm = (1 + 0.1 * torch.randn(k, device="cuda")).to(BF16)
-    for prefetch in (torch.randn(3072, 2048, device="cuda", dtype=BF16), torch.zeros(48, device="cuda")):
-        assert torch.equal(ops.linear(x, weight, prefetch=prefetch), ops.linear(x, weight))
-        assert torch.equal(ops.linear_swiglu(x, weight, prefetch), ops.linear_swiglu(x, weight))
-        if n <= 4:
-            normed = ops.rms_norm_linear(x, norm, 1e-6, weight, prefetch=prefetch)[0]
-            assert torch.equal(normed, ops.rms_norm_linear(x, norm, 1e-6, weight)[0])
-    with pytest.raises(RuntimeError, match="16-byte aligned"):
-        ops.linear(x, weight, prefetch=torch.zeros(5, device="cuda"))
-
-
 @pytest.mark.parametrize("rows,cols", [(1, 2048), (9733, 2048), (600, 6144), (64, 1024), (3, 8)])
 def test_quantize_rows_fp8_bit_identical(ext, rows: int, cols: int) -> None:  # type: ignore[no-untyped-def]
     x = torch.randn(rows, cols, device="cuda", dtype=BF16) * torch.rand(rows, 1, device="cuda").to(BF16) * 8

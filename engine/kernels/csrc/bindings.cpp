@@ -195,20 +195,8 @@ int64_t check_gemv_output(const at::Tensor& y, const at::Tensor& x, const at::Te
 }
 
 // y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
-// The L2 prefetch of a GEMV (launchers.h): the bytes of `prefetch`, a contiguous CUDA tensor, when given.
-q3tts::L2Prefetch l2_prefetch(const c10::optional<at::Tensor>& prefetch, const at::Tensor& x) {
-  if (!prefetch.has_value()) return {nullptr, 0};
-  const at::Tensor& t = *prefetch;
-  const int64_t bytes = t.numel() * t.element_size();
-  TORCH_CHECK(t.is_cuda() && t.device() == x.device() && t.is_contiguous(),
-              "prefetch must be a contiguous tensor on x's device");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && bytes % 16 == 0,
-              "prefetch must be 16-byte aligned and a multiple of 16 bytes long");
-  return {t.data_ptr(), bytes};
-}
-
 void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-               bool swiglu, c10::optional<at::Tensor> prefetch) {
+               bool swiglu) {
   check(x, "x", at::kBFloat16);
   check_rows(x, "x");
   const GemvWeight weight = check_gemv_weight(x, w, scale);
@@ -221,14 +209,13 @@ void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tenso
   }
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), weight.scale, b, x.size(0), x.size(1), outputs,
-                 x.stride(0), y.stride(0), weight.kind, swiglu, l2_prefetch(prefetch, x), stream()),
+                 x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
      "gemv");
 }
 
 // y = gemv(RMSNorm(x + delta) * norm_weight, w) (SwiGLU with `swiglu`), writing x + delta to sum_out when given.
 void gemv_rms_norm(at::Tensor y, at::Tensor x, c10::optional<at::Tensor> delta, c10::optional<at::Tensor> sum_out,
-                   at::Tensor norm_weight, double eps, at::Tensor w, c10::optional<at::Tensor> scale, bool swiglu,
-                   c10::optional<at::Tensor> prefetch) {
+                   at::Tensor norm_weight, double eps, at::Tensor w, c10::optional<at::Tensor> scale, bool swiglu) {
   check(x, "x", at::kBFloat16);
   check_rows(x, "x");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 4, "gemv_rms_norm takes 1 to 4 rows");
@@ -248,18 +235,16 @@ void gemv_rms_norm(at::Tensor y, at::Tensor x, c10::optional<at::Tensor> delta, 
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::gemv_rms_norm(y.data_ptr(), x.data_ptr(), pointers[0], pointers[1], norm_weight.data_ptr(),
                           static_cast<float>(eps), w.data_ptr(), weight.scale, x.size(0), x.size(1), outputs,
-                          x.stride(0), y.stride(0), weight.kind, swiglu, l2_prefetch(prefetch, x), stream()),
+                          x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
      "gemv_rms_norm");
 }
 
-void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-          c10::optional<at::Tensor> prefetch) {
-  gemv_impl(y, x, w, scale, bias, false, prefetch);
+void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
+  gemv_impl(y, x, w, scale, bias, false);
 }
 
-void gemv_swiglu(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale,
-                 c10::optional<at::Tensor> prefetch) {
-  gemv_impl(y, x, w, scale, c10::nullopt, true, prefetch);
+void gemv_swiglu(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale) {
+  gemv_impl(y, x, w, scale, c10::nullopt, true);
 }
 
 void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_beta, c10::optional<at::Tensor> bias) {

@@ -187,35 +187,18 @@ __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__
   __syncthreads();
 }
 
-// This block's share of `prefetch` (launchers.h), asked of the L2 by one thread in one bulk request.
-__device__ __forceinline__ void prefetch_share(const L2Prefetch& prefetch) {
-  if (prefetch.bytes <= 0 || threadIdx.x != 0) return;
-  const int64_t share = ((prefetch.bytes + gridDim.x - 1) / gridDim.x + 15) & ~int64_t{15};
-  const int64_t start = static_cast<int64_t>(blockIdx.x) * share;
-  if (start >= prefetch.bytes) return;
-  const char* at = static_cast<const char*>(prefetch.data) + start;
-  const uint32_t bytes = static_cast<uint32_t>(min(share, prefetch.bytes - start));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(bytes) : "memory");
-#else
-  for (uint32_t offset = 0; offset < bytes; offset += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(at + offset));
-#endif
-}
-
-// The part every GEMV kernel shares: let the next kernel be scheduled, start this warp's weight rows and the
-// block's share of the L2 prefetch, wait for the previous kernel, norm the input rows when kNorm, then
-// stream: acc[r][t] for weight rows rows[r] (this warp's `part` of them when S warps share a row; zeros
-// when not `active`).
+// The part every GEMV kernel shares: let the next kernel be scheduled, start this warp's weight rows, wait
+// for the previous kernel, norm the input rows when kNorm, then stream: acc[r][t] for weight rows rows[r]
+// (this warp's `part` of them when S warps share a row; zeros when not `active`).
 template <WeightKind K, int NT, int R, bool kNorm, int S = 1>
 __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* const (&rows)[R], bool active,
                                           const bf16* __restrict__ x, int rows_here, int k, int x_stride,
-                                          const InputNorm& norm, const L2Prefetch& prefetch, int part = 0) {
+                                          const InputNorm& norm, int part = 0) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   allow_next_kernel();
   uint4 raw[R][kUnroll];
   const int chunks = k / Chunk<K>::kElems;
   if (active) load_chunks<R, S>(raw, rows, (threadIdx.x & 31) + 32 * part, chunks);
-  prefetch_share(prefetch);
   wait_for_previous_kernel();
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -256,7 +239,7 @@ template <WeightKind K, int NT, bool kNorm, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                 const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
-                int x_stride, int y_stride, InputNorm norm, L2Prefetch prefetch) {
+                int x_stride, int y_stride, InputNorm norm) {
   static_assert(kWarps % S == 0, "whole rows in a block");
   const int warp = threadIdx.x >> 5;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
@@ -265,7 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rows_here = min(NT, n);
   const uint4* const rows[1] = {weight_row<K>(w, active ? row : 0, k)};
   float acc[1][NT];
-  gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, prefetch, part);
+  gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, part);
   if constexpr (S == 1) {
     if (!active) return;
 #pragma unroll
@@ -300,13 +283,13 @@ template <WeightKind K, int NT, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_swiglu_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride,
-                       InputNorm norm, L2Prefetch prefetch) {
+                       InputNorm norm) {
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const bool active = row < m;
   const int rows_here = min(NT, n);
   const uint4* const rows[2] = {weight_row<K>(w, active ? row : 0, k), weight_row<K>(w, active ? m + row : 0, k)};
   float acc[2][NT];
-  gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm, prefetch);
+  gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm);
   if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
@@ -317,13 +300,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Tiles of up to 16 activation rows, one launch each (the first prefetches); `swiglu` picks the SwiGLU kernel
-// (m = its outputs). With `norm`, one launch for all n <= kMaxNormRows rows, each block norming them into
-// shared memory.
+// Tiles of up to 16 activation rows, one launch each; `swiglu` picks the SwiGLU kernel (m = its outputs). With
+// `norm`, one launch for all n <= kMaxNormRows rows, each block norming them into shared memory.
 template <WeightKind K>
 cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float* scale, const void* bias_in, int n,
                    int k, int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm,
-                   L2Prefetch prefetch, cudaStream_t stream) {
+                   cudaStream_t stream) {
   auto* y = static_cast<bf16*>(y_out);
   auto* x = static_cast<const bf16*>(x_in);
   auto* w = static_cast<const uint8_t*>(w_in);
@@ -333,9 +315,9 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
   if (norm != nullptr) {
 #define Q3TTS_NORMED(NT)                                                                                      \
   swiglu ? launch_kernel_shared(gemv_swiglu_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, \
-                                w, scale, n, k, m, x_stride, y_stride, *norm, prefetch)                        \
+                                w, scale, n, k, m, x_stride, y_stride, *norm)                                  \
          : launch_kernel_shared(gemv_kernel<K, NT, true, 1>, grid, block, NT * k * sizeof(bf16), stream, y, x, w, \
-                                scale, bias, n, k, m, x_stride, y_stride, *norm, prefetch)
+                                scale, bias, n, k, m, x_stride, y_stride, *norm)
     const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(kMaxNormRows);
 #undef Q3TTS_NORMED
     return err;
@@ -348,14 +330,13 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
     const int left = n - n0;
     const int tile = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const bf16* xt = x + static_cast<int64_t>(n0) * x_stride;
-    const L2Prefetch ask = n0 == 0 ? prefetch : L2Prefetch{nullptr, 0};
     bf16* yt = y + static_cast<int64_t>(n0) * y_stride;
 #define Q3TTS_PLAIN(NT, S)                                                                                    \
   launch_kernel(gemv_kernel<K, NT, false, S>, split_grid, block, stream, yt, xt, w, scale, bias, tile, k, m,   \
-                x_stride, y_stride, none, ask)
+                x_stride, y_stride, none)
 #define Q3TTS_TILE(NT)                                                                                        \
   swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, tile, k, m,  \
-                         x_stride, y_stride, none, ask)                                                       \
+                         x_stride, y_stride, none)                                                            \
          : split == 4 ? Q3TTS_PLAIN(NT, 4) : split == 2 ? Q3TTS_PLAIN(NT, 2) : Q3TTS_PLAIN(NT, 1)
     cudaError_t err;
     switch (tile) {
@@ -375,19 +356,16 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
 
 cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
                        int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, const InputNorm* norm,
-                       L2Prefetch prefetch, cudaStream_t stream) {
+                       cudaStream_t stream) {
   const int elems = kind == WeightKind::kBf16 ? 8 : 16;
   if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   switch (kind) {
     case WeightKind::kBf16:
-      return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, prefetch,
-                                       stream);
+      return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
     case WeightKind::kInt8:
-      return launch<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, prefetch,
-                                       stream);
+      return launch<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
     case WeightKind::kFp8E4M3:
-      return launch<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, prefetch,
-                                          stream);
+      return launch<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -395,19 +373,18 @@ cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale
 }  // namespace
 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
-                 int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, L2Prefetch prefetch,
-                 cudaStream_t stream) {
-  return launch_any(y, x, w, scale, bias, n, k, m, x_stride, y_stride, kind, swiglu, nullptr, prefetch, stream);
+                 int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
+  return launch_any(y, x, w, scale, bias, n, k, m, x_stride, y_stride, kind, swiglu, nullptr, stream);
 }
 
 cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
                           float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
-                          int y_stride, WeightKind kind, bool swiglu, L2Prefetch prefetch, cudaStream_t stream) {
+                          int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
   const bool fits = n >= 1 && n <= kMaxNormRows && k % 8 == 0 && kMaxNormRows * k * sizeof(bf16) <= 48 * 1024;
   if (!fits) return cudaErrorInvalidValue;
   const InputNorm norm = {static_cast<const bf16*>(delta), static_cast<bf16*>(sum_out),
                           static_cast<const bf16*>(norm_weight), eps};
-  return launch_any(y, x, w, scale, nullptr, n, k, m, x_stride, y_stride, kind, swiglu, &norm, prefetch, stream);
+  return launch_any(y, x, w, scale, nullptr, n, k, m, x_stride, y_stride, kind, swiglu, &norm, stream);
 }
 
 }  // namespace q3tts

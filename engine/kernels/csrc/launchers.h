@@ -48,22 +48,12 @@ cudaError_t rope_attention(void* out, float* workspace, const void* q, const voi
 cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
                      int up_stride, int out_stride, cudaStream_t stream);
 
-// Bytes a GEMV asks the L2 cache for before it waits on the previous kernel (`data` 16-byte aligned, `bytes`
-// a multiple of 16; none when bytes is 0): the next product's weights. A decode frame's GEMVs cannot be
-// resident before the kernel ahead of them retires, so their own early loads start late; bytes already in
-// the L2 then arrive sooner. It changes no result.
-struct L2Prefetch {
-  const void* data;
-  int64_t bytes;
-};
-
 // y[n, :m] = bf16(x[n, :k] @ W[m, k]^T * scale[m] + bias[m]); scale may be null (bf16 weights),
 // bias may be null. Each output row's reduction order is fixed, whatever n is (batch invariant).
 // With `swiglu`, W is the fused [gate; up] weight [2m, k] (gate rows first, no bias) and
 // y[n, :m] = bf16(bf16(silu(gate)) * up) of the two rounded products (swiglu.cu's expression).
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
-                 int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, L2Prefetch prefetch,
-                 cudaStream_t stream);
+                 int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
 
 // `gemv` of RMSNorm(x + delta) * norm_weight (no bias), for n <= 4 rows, in one kernel: each block norms the
 // rows into shared memory before it streams its weights, rounding as `rms_norm` with a residual does (only
@@ -71,7 +61,7 @@ cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, cons
 // is not null, x + delta is written there. x, delta and sum_out rows are x_stride apart, k <= 6144.
 cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
                           float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
-                          int y_stride, WeightKind kind, bool swiglu, L2Prefetch prefetch, cudaStream_t stream);
+                          int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
 
 // out[r, :] = e4m3(x[r, :] / scale[r]) (saturating, round to nearest even) with scale[r] = max(amax of the row,
 // 1e-12) / 448, both divisions correctly rounded: the per-row activation quantization of `ops.fp8_linear`.
