@@ -1,0 +1,176 @@
+"""One frame graph's kernels under Nsight Compute (`ncu`): per kind of kernel (name and grid), its count,
+time, DRAM bytes and rate, achieved occupancy and top warp stall reasons.
+
+Why: at one stream the frame replays in ~3.0 ms (exact) against ~1.2 ms of weight reads; whether that time
+is inside the kernels (slow kernels: fix them) or between them (the kernels' sum is short of the replay:
+fewer kernels) decides the next change. ncu times each kernel alone (serialized, caches flushed, as the
+weights are in a frame), so the sum of the kernels' times against the replay is the cost of the chain.
+
+Usage: python benchmarks/device/frame_ncu.py --model SNAPSHOT --out DIR [--modes exact,fast] [--streams 1]
+(runs itself under ncu once per mode; writes ncu-<mode>-b<streams>.csv and .txt, and prints the summary)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
+METRICS = [
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__grid_size",
+    "launch__block_size",
+    "launch__registers_per_thread",
+    "launch__occupancy_limit_registers",
+    f"regex:{STALL_PREFIX}.*{STALL_SUFFIX}",
+]
+
+
+def profile_target(args: argparse.Namespace) -> int:
+    """Under ncu: one decode frame graph of `streams` sessions replayed between profiler start and stop."""
+    import torch
+    from common import load_timing_engine
+
+    from qwen3_tts_native.commands.bench import make_request, replay_ms
+
+    engine = load_timing_engine(args.model, args.target, max(args.streams, 1))
+    sessions = [engine.start_session(make_request(64, seed=5000 + i)) for i in range(args.streams)]
+    engine.prefill_many(sessions)
+    engine.step(sessions)
+    graph = engine.frame_backend.decode_graph(len(sessions))
+    replay_ms(graph, 3)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+def short_name(name: str) -> str:
+    """`void q3tts::(anonymous namespace)::gemv_kernel<(q3tts::WeightKind)0, 1, true, 1>(...)` ->
+    `gemv_kernel<0, 1, true, 1>`; torch and cuBLAS kernels keep their base name."""
+    name = re.sub(r"\(q3tts::WeightKind\)", "", name)
+    name = re.sub(r"^void ", "", name)
+    name = re.sub(r"\w+::\(anonymous namespace\)::", "", name)
+    name = re.sub(r"q3tts::", "", name)
+    depth, out = 0, []
+    for char in name:  # drop the parameter list, keep the template arguments
+        if char == "(" and depth == 0 and out:
+            break
+        depth += char == "<"
+        depth -= char == ">"
+        out.append(char)
+    return "".join(out)[:90]
+
+
+def summarize(raw_csv: str, title: str) -> str:
+    """The text summary of ncu's raw CSV (one row per kernel)."""
+    rows = [r for r in csv.DictReader(io.StringIO(raw_csv)) if r.get("ID", "").strip().isdigit()]
+
+    def number(row: dict[str, str], key: str) -> float:
+        text = row.get(key, "").replace(",", "").strip()
+        try:
+            return float(text)
+        except ValueError:
+            return 0.0
+
+    groups: dict[tuple[str, int, int], list[dict[str, str]]] = defaultdict(list)
+    for row in rows:
+        grid = int(number(row, "launch__grid_size"))
+        groups[(short_name(row["Kernel Name"]), grid, int(number(row, "launch__block_size")))].append(row)
+    stall_keys = [k for k in (rows[0].keys() if rows else []) if k.startswith(STALL_PREFIX)]
+    total_ns = sum(number(r, "gpu__time_duration.sum") for r in rows)
+    total_bytes = sum(number(r, "dram__bytes_read.sum") for r in rows)
+    lines = [
+        f"# {title}: {len(rows)} kernels, their times summed {total_ns / 1e6:.3f} ms",
+        "# (each kernel alone, caches flushed);",
+        f"# {total_bytes / 1e9:.3f} GB read from DRAM, {total_bytes / max(total_ns, 1):.0f} GB/s over that time",
+        "",
+        f"{'kernel':<62} {'grid':>6} {'n':>4} {'us each':>8} {'ms all':>7} {'GB/s':>6} {'occ%':>5} "
+        f"{'regs':>4}  top stalls (cycles per issue)",
+    ]
+    ordered = sorted(groups.items(), key=lambda kv: -sum(number(r, "gpu__time_duration.sum") for r in kv[1]))
+    for (name, grid, _block), members in ordered:
+        ns = sum(number(r, "gpu__time_duration.sum") for r in members)
+        read = sum(number(r, "dram__bytes_read.sum") for r in members)
+        occupancy = sum(number(r, "sm__warps_active.avg.pct_of_peak_sustained_active") for r in members)
+        stalls = {
+            key.removeprefix(STALL_PREFIX).removesuffix(STALL_SUFFIX): sum(number(r, key) for r in members)
+            / len(members)
+            for key in stall_keys
+        }
+        top = sorted(stalls.items(), key=lambda kv: -kv[1])[:3]
+        lines.append(
+            f"{name:<62} {grid:>6} {len(members):>4} {ns / len(members) / 1e3:>8.2f} {ns / 1e6:>7.3f} "
+            f"{read / max(ns, 1):>6.0f} {occupancy / len(members):>5.1f} "
+            f"{int(number(members[0], 'launch__registers_per_thread')):>4}  "
+            + ", ".join(f"{k} {v:.1f}" for k, v in top)
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_profiles(args: argparse.Namespace) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    for mode in [m for m in args.modes.split(",") if m]:
+        command = [
+            "ncu",
+            "--profile-from-start",
+            "off",
+            "--graph-profiling",
+            "node",
+            "--clock-control",
+            "none",
+            "--csv",
+            "--page",
+            "raw",
+            "--print-units",
+            "base",
+            "--metrics",
+            ",".join(METRICS),
+            sys.executable,
+            __file__,
+            "--model",
+            str(args.model),
+            "--out",
+            str(args.out),
+            "--target",
+            mode,
+            "--streams",
+            str(args.streams),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        start = done.stdout.find('"ID"')
+        raw = done.stdout[start:] if start >= 0 else ""
+        stem = args.out / f"ncu-{mode}-b{args.streams}"
+        stem.with_suffix(".csv").write_text(raw)
+        if not raw:
+            print(mode, "ncu wrote no table; rc", done.returncode, done.stderr[-2000:], done.stdout[-2000:])
+            continue
+        text = summarize(raw, f"{mode} mode, one decode frame graph at {args.streams} stream(s)")
+        stem.with_suffix(".txt").write_text(text)
+        print(text, flush=True)
+    return 0
+
+
+def main() -> int:
+    from common import measurement_parser
+
+    parser = measurement_parser(__doc__)
+    parser.add_argument("--streams", type=int, default=1, help="sessions in the frame (a graph bucket)")
+    parser.add_argument("--target", help=argparse.SUPPRESS)  # set when ncu runs this script on one mode
+    args = parser.parse_args()
+    return profile_target(args) if args.target else run_profiles(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
