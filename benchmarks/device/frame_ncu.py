@@ -94,7 +94,7 @@ def summarize(raw_csv: str, title: str) -> str:
     lines = [
         f"# {title}: {len(rows)} kernels, their times summed {total_ns / 1e6:.3f} ms",
         "# (each kernel alone, caches flushed);",
-        f"# {total_bytes / 1e9:.3f} GB read from DRAM, {total_bytes / max(total_ns, 1):.0f} GB/s over that time",
+        f"# {total_bytes / 1e9:.3f} GB read from DRAM: {total_bytes / max(total_ns, 1):.0f} GB/s over it",
         "",
         f"{'kernel':<62} {'grid':>6} {'n':>4} {'us each':>8} {'ms all':>7} {'GB/s':>6} {'occ%':>5} "
         f"{'regs':>4}  top stalls (cycles per issue)",
