@@ -7,7 +7,9 @@ fewer kernels) decides the next change. ncu times each kernel alone (serialized,
 weights are in a frame), so the sum of the kernels' times against the replay is the cost of the chain.
 
 Usage: python benchmarks/device/frame_ncu.py --model SNAPSHOT --out DIR [--modes exact,fast] [--streams 1]
-(runs itself under ncu once per mode; writes ncu-<mode>-b<streams>.csv and .txt, and prints the summary)
+           [--kernels N] [--timeout S]
+(runs itself under ncu once per mode, the first N kernels of the frame; writes ncu-<mode>-b<streams>.csv,
+ncu's log and the .txt summary, and prints the summary)
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
@@ -42,7 +47,9 @@ def profile_target(args: argparse.Namespace) -> int:
 
     from qwen3_tts_native.commands.bench import make_request, replay_ms
 
+    started = time.perf_counter()
     engine = load_timing_engine(args.model, args.target, max(args.streams, 1))
+    print(f"engine loaded in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     sessions = [engine.start_session(make_request(64, seed=5000 + i)) for i in range(args.streams)]
     engine.prefill_many(sessions)
     engine.step(sessions)
@@ -53,6 +60,7 @@ def profile_target(args: argparse.Namespace) -> int:
     graph.replay()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+    print(f"profiled by {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return 0
 
 
@@ -63,7 +71,7 @@ def short_name(name: str) -> str:
     name = re.sub(r"^void ", "", name)
     name = re.sub(r"\w+::\(anonymous namespace\)::", "", name)
     name = re.sub(r"q3tts::", "", name)
-    depth, out = 0, []
+    depth, out = 0, list[str]()
     for char in name:  # drop the parameter list, keep the template arguments
         if char == "(" and depth == 0 and out:
             break
@@ -135,6 +143,8 @@ def run_profiles(args: argparse.Namespace) -> int:
             "raw",
             "--print-units",
             "base",
+            "--launch-count",
+            str(args.kernels),
             "--metrics",
             ",".join(METRICS),
             sys.executable,
@@ -148,14 +158,22 @@ def run_profiles(args: argparse.Namespace) -> int:
             "--streams",
             str(args.streams),
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        start = done.stdout.find('"ID"')
-        raw = done.stdout[start:] if start >= 0 else ""
         stem = args.out / f"ncu-{mode}-b{args.streams}"
-        stem.with_suffix(".csv").write_text(raw)
+        log = stem.with_suffix(".log")
+        with log.open("w") as sink:  # ncu prints its table when the target exits
+            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                process.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)  # ncu and the target under it
+                process.wait()
+        output = log.read_text()
+        start = output.find('"ID"')
+        raw = output[start:] if start >= 0 else ""
         if not raw:
-            print(mode, "ncu wrote no table; rc", done.returncode, done.stderr[-2000:], done.stdout[-2000:])
+            print(mode, "ncu wrote no table; rc", process.returncode, output[-3000:], flush=True)
             continue
+        stem.with_suffix(".csv").write_text(raw)
         text = summarize(raw, f"{mode} mode, one decode frame graph at {args.streams} stream(s)")
         stem.with_suffix(".txt").write_text(text)
         print(text, flush=True)
@@ -167,6 +185,8 @@ def main() -> int:
 
     parser = measurement_parser(__doc__)
     parser.add_argument("--streams", type=int, default=1, help="sessions in the frame (a graph bucket)")
+    parser.add_argument("--kernels", type=int, default=700, help="profile the frame's first N kernels")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds a mode's ncu run may take")
     parser.add_argument("--target", help=argparse.SUPPRESS)  # set when ncu runs this script on one mode
     args = parser.parse_args()
     return profile_target(args) if args.target else run_profiles(args)
