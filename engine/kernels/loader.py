@@ -28,6 +28,7 @@ SOURCES = (
     "sampling.cu",
     "snake.cu",
     "unfold.cu",
+    "embedding.cu",
 )
 HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "rope.cuh")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"

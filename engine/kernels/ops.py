@@ -364,6 +364,29 @@ def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | N
     return ext, rows, data, None if isinstance(weight, Tensor) else weight.scale
 
 
+def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor) -> Tensor:
+    """`reference.frame_embedding` (the talker's decode-step input) in one kernel instead of G gathers, a
+    stack, a sum and an add. Tolerance: the fp32 sum runs in codebook order where torch's reduction may
+    group it otherwise, so an element can round 1 bf16 ulp apart before the text is added."""
+    ext = _ext(codes, first_table, tables, text, dtype=None)
+    fits = (
+        ext is not None
+        and first_table.dtype == tables.dtype == text.dtype == torch.bfloat16
+        and codes.dtype == torch.int64
+        and codes.dim() == 2
+        and 1 <= codes.shape[1] <= 16
+        and tables.dim() == 3
+        and tables.shape[0] == codes.shape[1] - 1
+        and text.shape[-1] % 8 == 0
+    )
+    rows = _rows(text) if fits else None
+    if ext is None or rows is None:
+        return reference.frame_embedding(codes, first_table, tables, text)
+    out = torch.empty(text.shape, dtype=text.dtype, device=text.device)
+    ext.frame_embedding(out, codes.contiguous(), first_table.contiguous(), tables.contiguous(), rows)
+    return out
+
+
 def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """x @ W^T (+ bias) for bf16 or weight-only 8-bit W, one warp per output row (batch invariant).
 
@@ -473,11 +496,41 @@ def sample_talker(
     Same token as `sampling.sample_with_uniform` for the same uniform (tests/device checks 1M cases).
     `logits` float32 or bfloat16 (read as its exact float32 values).
     """
+    return _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, None)[0]
+
+
+def sample_talker_and_embed(
+    logits: Tensor,
+    uniforms: Tensor,
+    params: sampling.SamplingRows,
+    history: Tensor,
+    frames_generated: Tensor,
+    eos_id: int,
+    table: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """(cb0, table[cb0]): `sample_talker` and the code's embedding row (the predictor's second input) in one
+    kernel, as `sample_predictor_and_embed` does for the codebook steps."""
+    codes, embedded = _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, table)
+    assert embedded is not None
+    return codes, embedded
+
+
+def _sample_talker(
+    logits: Tensor,
+    uniforms: Tensor,
+    params: sampling.SamplingRows,
+    history: Tensor,
+    frames_generated: Tensor,
+    eos_id: int,
+    table: Tensor | None,
+) -> tuple[Tensor, Tensor | None]:
     ext = _sampler_ext(logits)
-    if ext is None:
+    if ext is None or not _embeds_in_kernel(table):
         banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
-        return reference.sample(logits.float(), uniforms, params, history, banned)
+        codes = reference.sample(logits.float(), uniforms, params, history, banned)
+        return codes, (None if table is None else F.embedding(codes, table))
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    embedded = _embedding_rows(logits.shape[0], table)
     ext.sample(
         out,
         logits,
@@ -492,10 +545,24 @@ def sample_talker(
         params.top_k,
         params.top_p,
         uniforms,
-        None,
-        None,
+        table,
+        embedded,
     )
-    return out
+    return out, embedded
+
+
+def _embeds_in_kernel(table: Tensor | None) -> bool:
+    """Whether the sampling kernel can gather the drawn code's row of `table` (None: nothing to gather)."""
+    return table is None or (
+        table.is_cuda and table.dtype == torch.bfloat16 and table.is_contiguous() and table.shape[-1] % 8 == 0
+    )
+
+
+def _embedding_rows(rows: int, table: Tensor | None) -> Tensor | None:
+    """The output of the sampler's gather: [rows, width] like `table`, or None without one."""
+    if table is None:
+        return None
+    return torch.empty(rows, table.shape[1], dtype=table.dtype, device=table.device)
 
 
 def sample_predictor(logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows) -> Tensor:
@@ -518,15 +585,11 @@ def _sample_predictor(
     logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor | None
 ) -> tuple[Tensor, Tensor | None]:
     ext = _sampler_ext(logits)
-    fits = table is None or (table.is_cuda and table.dtype == torch.bfloat16 and table.shape[-1] % 8 == 0)
-    if ext is None or not fits:
+    if ext is None or not _embeds_in_kernel(table):
         codes = reference.sample(logits.float(), uniforms, params)
         return codes, (None if table is None else F.embedding(codes, table))
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    embedded = None
-    if table is not None:
-        table = table.contiguous()
-        embedded = torch.empty(logits.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
+    embedded = _embedding_rows(logits.shape[0], table)
     ext.sample(
         out,
         logits,

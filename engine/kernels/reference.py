@@ -125,6 +125,12 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return layers.swiglu(gate, up)
 
 
+def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor) -> Tensor:
+    """The talker's decode-step input [B, H]: the G codebooks' embeddings of codes [B, G] summed
+    (first_table for codebook 0, tables [G - 1, vocab, H] for the others), plus text [B, H]."""
+    return layers.summed_embeddings(codes, [first_table, *tables.unbind(0)]) + text
+
+
 def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:
     """samples = [history | x] [B, C, (kernel - 1) * dilation + T] -> [C * kernel, B * T], row (c, k) * B + b
     holding samples[b, c, k * dilation :][:T]: the input of a conv as one GEMM (`codec.conv1d_as_gemm`)."""

@@ -53,6 +53,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos) + (rotated * sin)
 
 
+def summed_embeddings(codes: Tensor, tables: list[Tensor]) -> Tensor:
+    """codes [B, G] -> [B, H]: sum_j tables[j][codes[:, j]] as one stacked reduction (model dtype, fp32
+    accumulation, one rounding), as the reference sums a frame's codebook embeddings."""
+    parts = [F.embedding(codes[:, j], table) for j, table in enumerate(tables)]
+    return torch.stack(parts, dim=1).sum(dim=1)
+
+
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """SiLU(gate) * up, the MLP activation of the Qwen3 block."""
     return F.silu(gate) * up

@@ -15,7 +15,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import VoiceDesignConfig
-from .layers import AttentionImpl, BlockShape, DecoderBlock, KVCache, Linear, RMSNorm, rope_cos_sin
+from .layers import (
+    AttentionImpl,
+    BlockShape,
+    DecoderBlock,
+    KVCache,
+    Linear,
+    RMSNorm,
+    rope_cos_sin,
+    summed_embeddings,
+)
 
 
 class PromptPlanLike(Protocol):
@@ -114,9 +123,7 @@ class Talker(nn.Module):
 
     def frame_embedding(self, codes: Tensor) -> Tensor:
         """[B, 16] codes -> [B, H]: C(cb0) + sum_j E_j(cb_j), one stacked reduction like the reference."""
-        parts = [self.codec_embed(codes[:, 0])]
-        parts += [F.embedding(codes[:, j + 1], table) for j, table in enumerate(self.codebook_embeddings)]
-        return torch.stack(parts, dim=1).sum(dim=1)
+        return summed_embeddings(codes, [self.codec_embedding, *self.codebook_embeddings])
 
     def prompt_embeddings(self, plan: PromptPlanLike) -> tuple[Tensor, Tensor, Tensor]:
         """(prefill_embeds [L, H], trailing_text_embeds [T, H], tts_pad_embed [H]) per model.md §2.4.

@@ -344,6 +344,50 @@ def _run_blocks(
     return residual, delta
 
 
+@dataclass(frozen=True)
+class _PredictorIndex:
+    """The predictor's positions and cache slots for a batch of B rows: step 0's pairs (each row's two prefix
+    tokens, 2B rows) and steps 1.. (row i of `step_positions` is step i + 1, at position i + 2). Constant per
+    batch size, so `KernelFrame` makes them once instead of ~10 small kernels in every frame."""
+
+    row_slots: Tensor
+    pair_slots: Tensor
+    pair_positions: Tensor
+    pair_lengths: Tensor
+    step_positions: Tensor
+    step_lengths: Tensor
+
+    @classmethod
+    def of(cls, batch: int, groups: int, device: torch.device) -> _PredictorIndex:
+        row_slots = torch.arange(batch, device=device)
+        pair_positions = torch.arange(2, device=device).repeat(batch)
+        step_positions = torch.arange(2, groups + 1, device=device).repeat_interleave(batch).view(-1, batch)
+        return cls(
+            row_slots=row_slots,
+            pair_slots=row_slots.repeat_interleave(2),
+            pair_positions=pair_positions,
+            pair_lengths=pair_positions + 1,
+            step_positions=step_positions,
+            step_lengths=step_positions + 1,
+        )
+
+
+def _codebook_tables(talker: Talker, predictor: CodePredictor) -> Tensor:
+    """[groups - 1, vocab, H]: the codebooks' embedding tables in one tensor, as `ops.frame_embedding` reads
+    them. The talker's parameters are re-pointed at its slices (`_fuse`), and so are the predictor's where
+    they were the same tensors (the snapshot stores each table once), so no table is held twice."""
+    shared = [
+        p.data_ptr() == q.data_ptr() and p.shape == q.shape
+        for p, q in zip(talker.codebook_embeddings, predictor.embeddings, strict=True)
+    ]
+    fused = _fuse(*talker.codebook_embeddings)
+    tables = fused.view(len(shared), -1, fused.shape[1])
+    for same, param, table in zip(shared, predictor.embeddings, tables, strict=True):
+        if same:
+            param.data = table
+    return tables
+
+
 def _projected_embeddings(predictor: CodePredictor) -> Tensor:
     """[groups - 1, vocab, predictor hidden]: projection(embedding[g][code]) for every code of the groups
     whose code feeds a next step, made once. A codebook step's input is then a row of this table, which
@@ -378,6 +422,10 @@ class KernelFrame:
         self.heads = [_prepare(cast(Tensor, head.weight), mode) for head in predictor.heads]
         self.groups = predictor.groups
         self.step_inputs = _projected_embeddings(predictor)
+        self.codebook_tables = _codebook_tables(talker, predictor)
+        self._predictor_indices = {
+            batch: _PredictorIndex.of(batch, self.groups, self.codebook_tables.device) for batch in BUCKETS
+        }
         self.predictor_shape = (len(predictor.layers), pc.num_key_value_heads, self.groups + 1, pc.head_dim)
 
     def prefill_hidden(self, prompt: Tensor, slot: Tensor, cache: KVCache) -> Tensor:
@@ -465,13 +513,7 @@ class KernelFrame:
         p = self.predictor
         blocks, eps, scale = self.predictor_blocks, self.predictor_eps, self.predictor_scale
         final = p.norm.weight
-        row_slots = torch.arange(batch, device=device)
-        pair_slots = row_slots.repeat_interleave(2)
-        pair_positions = torch.arange(2, device=device).repeat(batch)
-        # Steps 1.. sit at positions 2..groups: made once, each step takes a row (no kernel per step).
-        step_positions = torch.arange(2, self.groups + 1, device=device).repeat_interleave(batch)
-        step_positions = step_positions.view(-1, batch)
-        step_lengths = step_positions + 1
+        index = self._predictor_index(batch, device)
         x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
         residual, delta = _run_blocks(
             blocks,
@@ -479,9 +521,9 @@ class KernelFrame:
             eps,
             p.rope_cos,
             p.rope_sin,
-            pair_positions,
-            pair_positions + 1,
-            pair_slots,
+            index.pair_positions,
+            index.pair_lengths,
+            index.pair_slots,
             cache_k,
             cache_v,
             scale,
@@ -505,9 +547,9 @@ class KernelFrame:
                 eps,
                 p.rope_cos,
                 p.rope_sin,
-                step_positions[group],
-                step_lengths[group],
-                row_slots,
+                index.step_positions[group],
+                index.step_lengths[group],
+                index.row_slots,
                 cache_k,
                 cache_v,
                 scale,
@@ -516,21 +558,33 @@ class KernelFrame:
             logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps)
         return torch.stack(codes, dim=1)
 
+    def _predictor_index(self, batch: int, device: torch.device) -> _PredictorIndex:
+        """The bucket sizes' indices were made with the frame; another batch (an eager frame) makes its own.
+        One made during a graph capture would live in the graph's memory pool, so it is not kept."""
+        index = self._predictor_indices.get(batch)
+        if index is not None and index.row_slots.device == device:
+            return index
+        index = _PredictorIndex.of(batch, self.groups, device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self._predictor_indices[batch] = index
+        return index
+
     def logits(self, hidden: Tensor) -> Tensor:
         """The talker's cb0 logits [N, vocab] in float32 from its post-norm hidden [N, H]."""
         return self.codec_head(hidden).float()
 
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (`step.complete_frames`)."""
-        cb0 = ops.sample_talker(
+        cb0, cb0_embed = ops.sample_talker_and_embed(
             self.codec_head(hidden),  # bfloat16: the sampler reads it as float32
             rows.uniforms[:, 0],
             rows.talker_sampling,
             rows.cb0_history,
             rows.frames_generated,
             self.eos,
+            self.talker.codec_embedding,  # the predictor's second input, gathered by the sampler
         )
-        rest = self._predict(hidden, self.talker.codec_embed(cb0), rows)
+        rest = self._predict(hidden, cb0_embed, rows)
         return torch.cat([cb0.unsqueeze(1), rest], dim=1)
 
     def decode_frames(
@@ -542,7 +596,7 @@ class KernelFrame:
         slots: Tensor,
         rows: FrameRows,
     ) -> Tensor:
-        embeds = step.frame_input(self.talker, previous_codes, text)
+        embeds = ops.frame_embedding(previous_codes, self.talker.codec_embedding, self.codebook_tables, text)
         hidden = self.talker_hidden(embeds, positions, slots, cache, distinct_slots=True)
         return self.complete_frames(hidden, rows)
 

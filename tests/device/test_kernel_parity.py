@@ -254,6 +254,30 @@ def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore
     assert torch.equal(ops.linear(x[-1:], weight, bias)[0], out[-1])
 
 
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_frame_embedding(ext, rows: int) -> None:  # type: ignore[no-untyped-def]
+    """The one-kernel talker input against the 16 gathers, the stacked sum and the add: the kernel sums in
+    codebook order, torch's reduction may group the 16 terms otherwise, so a sum may round 1 bf16 ulp apart
+    (then the text is added); codes outside a table add zeros."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    first = torch.randn(3072, 2048, generator=g, device="cuda").to(BF16)
+    tables = torch.randn(15, 2048, 2048, generator=g, device="cuda").to(BF16)
+    codes = torch.randint(0, 2048, (rows, 16), generator=g, device="cuda")
+    codes[:, 0] = torch.randint(0, 3072, (rows,), generator=g, device="cuda")
+    text = torch.randn(rows, 2048, generator=g, device="cuda").to(BF16)
+    out = ops.frame_embedding(codes, first, tables, text)
+    expected = reference.frame_embedding(codes, first, tables, text)
+    ulp = (expected.float().abs() + text.float().abs()) * 2**-7  # of the sum before the text is added
+    assert bool(((out.float() - expected.float()).abs() <= 2 * ulp).all())
+    assert float((out == expected).float().mean()) >= 0.97
+    outside = codes.clone()
+    outside[:, 3] = 5000
+    zeroed = tables.clone()
+    zeroed[2] = 0
+    guarded = ops.frame_embedding(outside, first, tables, text)
+    assert torch.equal(guarded, ops.frame_embedding(codes, first, zeroed, text))
+
+
 @pytest.mark.parametrize("rows,cols", [(1, 2048), (9733, 2048), (600, 6144), (64, 1024), (3, 8)])
 def test_quantize_rows_fp8_bit_identical(ext, rows: int, cols: int) -> None:  # type: ignore[no-untyped-def]
     x = torch.randn(rows, cols, device="cuda", dtype=BF16) * torch.rand(rows, 1, device="cuda").to(BF16) * 8

@@ -98,7 +98,7 @@ def test_sampling_kernel_is_deterministic(ext) -> None:  # type: ignore[no-untyp
 
 def test_sampling_kernel_reads_bf16_logits_and_gathers_the_next_input(ext) -> None:  # type: ignore[no-untyped-def]
     """bfloat16 logits give the tokens of their float32 values, and the gathered rows are the table's rows of
-    those tokens, bit for bit (the frame's codebook steps use both)."""
+    those tokens, bit for bit (the frame's codebook steps and its cb0 draw use both)."""
     g = torch.Generator(device="cuda").manual_seed(11)
     mismatches = 0
     for _ in range(8):
@@ -115,8 +115,10 @@ def test_sampling_kernel_reads_bf16_logits_and_gathers_the_next_input(ext) -> No
         )
         params = sampling.SamplingRows(greedy, temperature, top_k, top_p, penalty)
         half = talker_logits.to(torch.bfloat16)
-        assert torch.equal(
-            ops.sample_talker(half, u, params, history, frames, EOS),
-            ops.sample_talker(half.float(), u, params, history, frames, EOS),
-        )
+        cb0 = ops.sample_talker(half, u, params, history, frames, EOS)
+        assert torch.equal(cb0, ops.sample_talker(half.float(), u, params, history, frames, EOS))
+        codec_table = torch.randn(3072, 2048, generator=g, device="cuda").to(torch.bfloat16)
+        drawn, drawn_embed = ops.sample_talker_and_embed(half, u, params, history, frames, EOS, codec_table)
+        assert torch.equal(drawn, cb0)
+        assert torch.equal(drawn_embed, codec_table[cb0])
     assert mismatches == 0

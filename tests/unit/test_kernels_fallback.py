@@ -179,6 +179,22 @@ def test_samplers_fall_back_to_sample_with_uniform() -> None:
         codes, sampling.sample_with_uniform(logits[:, :2048].to(torch.bfloat16).float(), u, params)
     )
     assert torch.equal(embedded, table[codes])
+    talker_table = torch.randn(3072, 64, generator=g).to(torch.bfloat16)
+    cb0, cb0_embed = ops.sample_talker_and_embed(logits, u, params, history, frames, 2150, talker_table)
+    assert torch.equal(cb0, sampling.sample_with_uniform(logits, u, params, history, banned))
+    assert torch.equal(cb0_embed, talker_table[cb0])
+
+
+def test_frame_embedding_falls_back_to_the_talker_input(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+) -> None:
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 2048, (3, 16), generator=g)
+    text = torch.randn(3, talker.hidden_size, generator=g).to(torch.bfloat16)
+    tables = torch.stack(list(talker.codebook_embeddings))
+    got = ops.frame_embedding(codes, talker.codec_embedding, tables, text)
+    assert torch.equal(got, step.frame_input(talker, codes, text))
 
 
 def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:

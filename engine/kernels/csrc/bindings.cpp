@@ -145,6 +145,25 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
+// out[r] = bf16(bf16(first_table[codes[r, 0]] + sum_j tables[j - 1][codes[r, j]]) + text[r]) (launchers.h).
+void frame_embedding(at::Tensor out, at::Tensor codes, at::Tensor first_table, at::Tensor tables, at::Tensor text) {
+  for (auto* t : {&out, &first_table, &tables, &text}) check(*t, "tensor", at::kBFloat16);
+  check(codes, "codes", at::kLong);
+  check_rows(text, "text");
+  TORCH_CHECK(codes.dim() == 2 && codes.stride(1) == 1, "codes must be [rows, groups] with unit column stride");
+  TORCH_CHECK(first_table.dim() == 2 && first_table.is_contiguous(), "first_table must be contiguous [vocab, width]");
+  TORCH_CHECK(tables.dim() == 3 && tables.is_contiguous() && tables.size(0) == codes.size(1) - 1 &&
+                  tables.size(2) == first_table.size(1),
+              "tables must be contiguous [groups - 1, vocab, width]");
+  TORCH_CHECK(text.size(0) == codes.size(0) && text.size(1) == first_table.size(1), "text must be [rows, width]");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == text.sizes(), "out must be contiguous [rows, width]");
+  const c10::cuda::CUDAGuard guard(out.device());
+  ok(q3tts::frame_embedding(out.data_ptr(), codes.data_ptr<int64_t>(), codes.stride(0), first_table.data_ptr(),
+                            first_table.size(0), tables.data_ptr(), tables.size(1), text.data_ptr(), text.stride(0),
+                            codes.size(0), codes.size(1), first_table.size(1), stream()),
+     "frame_embedding");
+}
+
 void quantize_rows_fp8(at::Tensor out, at::Tensor scale, at::Tensor x) {
   check(x, "x", at::kBFloat16);
   check(out, "out", at::kFloat8_e4m3fn);
@@ -423,6 +442,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_attention", &rope_attention);
   m.def("silu_mul", &silu_mul);
   m.def("quantize_rows_fp8", &quantize_rows_fp8);
+  m.def("frame_embedding", &frame_embedding);
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);
   m.def("gemv_rms_norm", &gemv_rms_norm);
