@@ -496,7 +496,7 @@ def sample_talker(
     Same token as `sampling.sample_with_uniform` for the same uniform (tests/device checks 1M cases).
     `logits` float32 or bfloat16 (read as its exact float32 values).
     """
-    return _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, None)[0]
+    return _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, None, None)[0]
 
 
 def sample_talker_and_embed(
@@ -507,10 +507,11 @@ def sample_talker_and_embed(
     frames_generated: Tensor,
     eos_id: int,
     table: Tensor,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(cb0, table[cb0]): `sample_talker` and the code's embedding row (the predictor's second input) in one
-    kernel, as `sample_predictor_and_embed` does for the codebook steps."""
-    codes, embedded = _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, table)
+    kernel, as `sample_predictor_and_embed` does for the codebook steps. `out`: as theirs."""
+    codes, embedded = _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, table, out)
     assert embedded is not None
     return codes, embedded
 
@@ -523,13 +524,14 @@ def _sample_talker(
     frames_generated: Tensor,
     eos_id: int,
     table: Tensor | None,
+    out: Tensor | None,
 ) -> tuple[Tensor, Tensor | None]:
     ext = _sampler_ext(logits)
     if ext is None or not _embeds_in_kernel(table):
         banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
-        codes = reference.sample(logits.float(), uniforms, params, history, banned)
+        codes = _into(out, reference.sample(logits.float(), uniforms, params, history, banned))
         return codes, (None if table is None else F.embedding(codes, table))
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    out = _codes_out(logits, out)
     embedded = _embedding_rows(logits.shape[0], table)
     ext.sample(
         out,
@@ -551,6 +553,21 @@ def _sample_talker(
     return out, embedded
 
 
+def _codes_out(logits: Tensor, out: Tensor | None) -> Tensor:
+    """Where a sampler writes its codes: `out` (any [rows] int64 view, a column of a frame's codes, say), or
+    a new tensor."""
+    if out is None:
+        return torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    if out.shape != (logits.shape[0],) or out.dtype != torch.int64 or out.device != logits.device:
+        raise ValueError("out must be an int64 [rows] tensor on the logits' device")
+    return out
+
+
+def _into(out: Tensor | None, codes: Tensor) -> Tensor:
+    """The reference's codes, copied into `out` when one is given."""
+    return codes if out is None else out.copy_(codes)
+
+
 def _embeds_in_kernel(table: Tensor | None) -> bool:
     """Whether the sampling kernel can gather the drawn code's row of `table` (None: nothing to gather)."""
     return table is None or (
@@ -565,30 +582,38 @@ def _embedding_rows(rows: int, table: Tensor | None) -> Tensor | None:
     return torch.empty(rows, table.shape[1], dtype=table.dtype, device=table.device)
 
 
-def sample_predictor(logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows) -> Tensor:
+def sample_predictor(
+    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, out: Tensor | None = None
+) -> Tensor:
     """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans). `logits` float32 or
-    bfloat16; the kernel reads bfloat16 as its exact float32 values."""
-    return _sample_predictor(logits, uniforms, params, None)[0]
+    bfloat16; the kernel reads bfloat16 as its exact float32 values. With `out` (an int64 [rows] view, such
+    as a column of the frame's codes), the codes are written there and it is returned."""
+    return _sample_predictor(logits, uniforms, params, None, out)[0]
 
 
 def sample_predictor_and_embed(
-    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor
+    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor, out: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """(codes, table[codes]): `sample_predictor` and the next step's input row in one kernel, so a codebook
-    step of the frame needs no gather kernel. `table` [vocab, width] bfloat16 (the projected embeddings)."""
-    codes, embedded = _sample_predictor(logits, uniforms, params, table)
+    step of the frame needs no gather kernel. `table` [vocab, width] bfloat16 (the projected embeddings).
+    `out`: as `sample_predictor`'s."""
+    codes, embedded = _sample_predictor(logits, uniforms, params, table, out)
     assert embedded is not None
     return codes, embedded
 
 
 def _sample_predictor(
-    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor | None
+    logits: Tensor,
+    uniforms: Tensor,
+    params: sampling.SamplingRows,
+    table: Tensor | None,
+    out: Tensor | None,
 ) -> tuple[Tensor, Tensor | None]:
     ext = _sampler_ext(logits)
     if ext is None or not _embeds_in_kernel(table):
-        codes = reference.sample(logits.float(), uniforms, params)
+        codes = _into(out, reference.sample(logits.float(), uniforms, params))
         return codes, (None if table is None else F.embedding(codes, table))
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    out = _codes_out(logits, out)
     embedded = _embedding_rows(logits.shape[0], table)
     ext.sample(
         out,

@@ -503,8 +503,9 @@ class KernelFrame:
         )
         return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
 
-    def _predict(self, hidden: Tensor, cb0_embed: Tensor, rows: FrameRows) -> Tensor:
-        """Codebooks 1..15: step 0 runs both prefix tokens as 2B rows (causal by position), then 14 steps."""
+    def _predict(self, hidden: Tensor, cb0_embed: Tensor, rows: FrameRows, codes: Tensor) -> None:
+        """Codebooks 1..15 into codes[:, 1:]: step 0 runs both prefix tokens as 2B rows (causal by position),
+        then 14 steps."""
         batch = hidden.shape[0]
         device = hidden.device
         layers, kv_heads, length, head_dim = self.predictor_shape
@@ -529,18 +530,17 @@ class KernelFrame:
             scale,
             distinct_slots=False,  # each session's two prefix tokens share its slot
         )
-        logits = self.heads[0](ops.add_rms_norm_(delta, residual, final, eps)[1::2].contiguous())
-        codes = []
+        # The head reads every second row in place (the GEMV takes rows a stride apart).
+        logits = self.heads[0](ops.add_rms_norm_(delta, residual, final, eps)[1::2])
         for group in range(self.groups):
-            uniforms = rows.uniforms[:, 1 + group]
+            uniforms, column = rows.uniforms[:, 1 + group], codes[:, 1 + group]
             if group + 1 == self.groups:
-                codes.append(ops.sample_predictor(logits, uniforms, rows.predictor_sampling))
+                ops.sample_predictor(logits, uniforms, rows.predictor_sampling, out=column)
                 break
             # The sampler also gathers the code's projected embedding: the next step's input.
-            code, x = ops.sample_predictor_and_embed(
-                logits, uniforms, rows.predictor_sampling, self.step_inputs[group]
+            _, x = ops.sample_predictor_and_embed(
+                logits, uniforms, rows.predictor_sampling, self.step_inputs[group], out=column
             )
-            codes.append(code)
             residual, delta = _run_blocks(
                 blocks,
                 x,
@@ -556,7 +556,6 @@ class KernelFrame:
                 distinct_slots=True,
             )
             logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps)
-        return torch.stack(codes, dim=1)
 
     def _predictor_index(self, batch: int, device: torch.device) -> _PredictorIndex:
         """The bucket sizes' indices were made with the frame; another batch (an eager frame) makes its own.
@@ -575,7 +574,9 @@ class KernelFrame:
 
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (`step.complete_frames`)."""
-        cb0, cb0_embed = ops.sample_talker_and_embed(
+        # Each sampler writes its codebook's column of the frame's codes (no stack or concatenation).
+        codes = torch.empty(hidden.shape[0], self.groups + 1, dtype=torch.int64, device=hidden.device)
+        _, cb0_embed = ops.sample_talker_and_embed(
             self.codec_head(hidden),  # bfloat16: the sampler reads it as float32
             rows.uniforms[:, 0],
             rows.talker_sampling,
@@ -583,9 +584,10 @@ class KernelFrame:
             rows.frames_generated,
             self.eos,
             self.talker.codec_embedding,  # the predictor's second input, gathered by the sampler
+            out=codes[:, 0],
         )
-        rest = self._predict(hidden, cb0_embed, rows)
-        return torch.cat([cb0.unsqueeze(1), rest], dim=1)
+        self._predict(hidden, cb0_embed, rows, codes)
+        return codes
 
     def decode_frames(
         self,
