@@ -185,7 +185,6 @@ def rope_attention(
     *,
     distinct_slots: bool,
     span: int | None = None,
-    merge_counts: Tensor | None = None,
 ) -> Tensor:
     """`qk_norm_rope_cache` then `decode_attention` over positions 0..position (lengths = positions + 1, which
     the caller computes once for all layers): [B, Hq*D]. `span`: `decode_attention`'s bound on the lengths
@@ -195,9 +194,6 @@ def rope_attention(
     the new key themselves and stage the new K/V from registers), plus the split merge when the cache holds
     more than `SHORT_CACHE` positions; bit-identical to the two kernels. Rows that share a slot (several
     tokens of one sequence in one call) must see each other's new K/V, so they run the two kernels.
-    `merge_counts` (int32, zero, at least B * KV heads; `merge_counts_for`): the last split of each row and
-    KV head to finish merges the splits instead of a second kernel, with the same arithmetic; the counts are
-    left zero. Calls that share one must not run at the same time (one stream).
     """
     ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
     head_dim = k_cache.shape[-1]
@@ -218,8 +214,6 @@ def rope_attention(
     if k_cache.shape[2] > SHORT_CACHE:
         size = ext.decode_attention_workspace(q.shape[0], q.shape[1] // head_dim, head_dim, k_cache.shape[2])
         workspace = torch.empty(size, dtype=torch.float32, device=q.device)
-    rows_and_heads = q.shape[0] * (k.shape[1] // head_dim)
-    counts = merge_counts if merge_counts is not None and merge_counts.numel() >= rows_and_heads else None
     ext.rope_attention(
         out,
         workspace,
@@ -236,15 +230,8 @@ def rope_attention(
         v_cache,
         eps,
         scale,
-        counts,
     )
     return out
-
-
-def merge_counts_for(rows: int, kv_heads: int, device: torch.device) -> Tensor:
-    """Zeroed arrival counts for `rope_attention`'s in-kernel merge of up to `rows` rows: allocate once and
-    pass to every call (they stay zero between calls)."""
-    return torch.zeros(rows * kv_heads, dtype=torch.int32, device=device)
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:

@@ -298,7 +298,6 @@ def _run_blocks(
     distinct_slots: bool,
     span: int | None = None,
     layout: PromptLayout | None = None,
-    merge_counts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
@@ -308,8 +307,7 @@ def _run_blocks(
     residual add is fused into the next RMSNorm, and on the GEMV path that into the qkv or gate/up
     projection after it (the residual stream then moves to new tensors instead). `distinct_slots`: no two
     rows write the same cache slot, and `span` bounds lengths (see `ops.rope_attention`). With a `layout`
-    (a pass of whole prompts above the graph buckets) the attention is `PromptLayout.attend`. `merge_counts`:
-    `ops.rope_attention`'s (the blocks run one after another, so they share them).
+    (a pass of whole prompts above the graph buckets) the attention is `PromptLayout.attend`.
     """
     residual, delta = x, None
     for index, blk in enumerate(blocks):
@@ -339,7 +337,6 @@ def _run_blocks(
                 scale,
                 distinct_slots=distinct_slots,
                 span=span,
-                merge_counts=merge_counts,
             )
         mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
         delta = blk.down(mlp)
@@ -426,10 +423,6 @@ class KernelFrame:
         self.groups = predictor.groups
         self.step_inputs = _projected_embeddings(predictor)
         self.codebook_tables = _codebook_tables(talker, predictor)
-        # The talker's attention merges its splits in-kernel for frames of up to the largest bucket's rows.
-        self.merge_counts = ops.merge_counts_for(
-            max(BUCKETS), tc.num_key_value_heads, self.codebook_tables.device
-        )
         self._predictor_indices = {
             batch: _PredictorIndex.of(batch, self.groups, self.codebook_tables.device) for batch in BUCKETS
         }
@@ -507,7 +500,6 @@ class KernelFrame:
             distinct_slots=distinct_slots,
             span=span,
             layout=layout,
-            merge_counts=self.merge_counts,
         )
         return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
 

@@ -6,8 +6,7 @@
 // reduction (31 shuffles for 32 scores). The warps then combine their softmax partials through shared
 // memory (one barrier; none when a single warp holds the whole cache, as for the code predictor's 16
 // positions). Pass 2 merges the splits (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
-// cache write of the new token (rope_attention_kernel), and given arrival counters its last split to finish
-// merges the splits itself (no pass 2 kernel).
+// cache write of the new token (rope_attention_kernel).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length. decode_attention's grid covers only its `span` first positions when
 // the caller knows a bound on the lengths (a prompt pass: its longest prompt), since at thousands of rows
@@ -298,48 +297,6 @@ __global__ void __launch_bounds__(W * 32)
   finish_split<P, G, W>(w, o);
 }
 
-// The `live` splits' partials of one (row, query head) merged into its output head, by the block's threads.
-// The partials are read past L1 (`__ldcg`): other blocks wrote them, during this kernel in the last-split case.
-template <int D>
-__device__ __forceinline__ void merge_head(bf16* __restrict__ out, const float* __restrict__ part, int live) {
-  float m = -CUDART_INF_F;
-  for (int s = 0; s < live; ++s) m = fmaxf(m, __ldcg(part + s * (D + 2) + D));
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    if (m != -CUDART_INF_F) {
-      for (int s = 0; s < live; ++s) {
-        const float ms = __ldcg(part + s * (D + 2) + D);
-        if (ms == -CUDART_INF_F) continue;
-        const float f = expf(ms - m);
-        num = fmaf(__ldcg(part + s * (D + 2) + d), f, num);
-        den = fmaf(__ldcg(part + s * (D + 2) + D + 1), f, den);
-      }
-    }
-    out[d] = to_bf(den > 0.0f ? num / den : 0.0f);
-  }
-}
-
-// Splits a row of `len` keys has partials for: pass 1 writes nothing past them.
-__device__ __forceinline__ int live_splits(int len, int num_splits) {
-  return min(num_splits, (len + kTile - 1) / kTile);
-}
-
-// After a split's partials are written: true in the one block of the (row, kv head) that arrives last at
-// `count` (which it leaves at 0 for the next launch). Every thread must call it; the writes of the other
-// splits are visible to the block it returns true in.
-__device__ __forceinline__ bool last_split_to_arrive(int* count, int live) {
-  __shared__ bool last;
-  __threadfence();  // this thread's partials, before the block's arrival is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(count, 1) == live - 1;
-    if (last) atomicExch(count, 0);
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
 // The whole decode step of one query token per row, for rows whose slots are distinct: q/k RMSNorm + RoPE
 // of the new token (rope.cuh, as qk_norm_rope_cache computes them), its K/V written to the cache, and pass 1
 // of the attention, in one block per (64-key split, KV head, row). Every warp ropes the G queries; the warp
@@ -354,8 +311,8 @@ __global__ void __launch_bounds__(W * 32)
                           int v_stride, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
                           const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
                           const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
-                          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int* __restrict__ merge_counts,
-                          int q_heads, int kv_heads, int max_len, int num_splits, float eps, float scale) {
+                          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
+                          int max_len, int num_splits, float eps, float scale) {
   constexpr int P = D / 64;
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5;
@@ -396,26 +353,33 @@ __global__ void __launch_bounds__(W * 32)
   const WarpPartial<P, G> w = attend_warp<P, G>(qs, k_cache + key0, v_cache + key0, count - warp * kWarpKeys, fresh,
                                                 fresh_k, fresh_v, tiles[warp]);
   finish_split<P, G, W>(w, o);
-  if (num_splits == 1 || merge_counts == nullptr) return;
-  const int live = live_splits(pos + 1, num_splits);
-  if (!last_split_to_arrive(merge_counts + static_cast<int64_t>(b) * kv_heads + kvh, live)) return;
-  const int64_t first_head = static_cast<int64_t>(b) * q_heads + kvh * G;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    merge_head<D>(out + (first_head + g) * D, ws + (first_head + g) * num_splits * (D + 2), live);
-  }
 }
 
-// The work follows the real length, not max_len: `live_splits` of `lengths[b] + offset` keys.
+// The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
+// work follows the real length, not max_len.
 template <int D>
 __global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits,
                                        const int64_t* __restrict__ lengths, int offset, int q_heads) {
   const int row_head = blockIdx.x;  // b * q_heads + h
   const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;  // before the wait: launch.cuh
-  const int live = live_splits(len, num_splits);
+  const int live = min(num_splits, (len + kTile - 1) / kTile);
   begin_dependent_kernel();
-  merge_head<D>(out + static_cast<int64_t>(row_head) * D, ws + static_cast<int64_t>(row_head) * num_splits * (D + 2),
-                live);
+  const float* part = ws + static_cast<int64_t>(row_head) * num_splits * (D + 2);
+  float m = -CUDART_INF_F;
+  for (int s = 0; s < live; ++s) m = fmaxf(m, part[s * (D + 2) + D]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    if (m != -CUDART_INF_F) {
+      for (int s = 0; s < live; ++s) {
+        const float ms = part[s * (D + 2) + D];
+        if (ms == -CUDART_INF_F) continue;
+        const float f = expf(ms - m);
+        num = fmaf(part[s * (D + 2) + d], f, num);
+        den = fmaf(part[s * (D + 2) + D + 1], f, den);
+      }
+    }
+    out[static_cast<int64_t>(row_head) * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
+  }
 }
 
 // Pass 2: one block per (row, query head) merges the splits' partials into out.
@@ -477,8 +441,8 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
 cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
                            int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
                            const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
-                           void* v_cache, int* merge_counts, int batch, int q_heads, int kv_heads, int head_dim,
-                           int max_len, float eps, float scale, cudaStream_t stream) {
+                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
+                           float eps, float scale, cudaStream_t stream) {
   if (q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int splits = decode_attention_splits(max_len, kTile);
@@ -490,12 +454,12 @@ cudaError_t rope_attention(void* out, float* workspace, const void* q, const voi
                   static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride,
                   k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),
                   static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,
-                  static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), merge_counts, q_heads, kv_heads, max_len,
-                  splits, eps, scale);
+                  static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, splits, eps,
+                  scale);
   });
   if (!supported) return cudaErrorInvalidValue;
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || splits == 1 || merge_counts != nullptr) return err;
+  if (err != cudaSuccess || splits == 1) return err;
   return merge_splits(out, workspace, batch, q_heads, head_dim, splits, positions, 1, stream);
 }
 

@@ -90,8 +90,7 @@ int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_
 
 void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Tensor q, at::Tensor k, at::Tensor v,
                     at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions,
-                    at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps, double scale,
-                    c10::optional<at::Tensor> merge_counts) {
+                    at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps, double scale) {
   check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
   check(out, "out", at::kBFloat16);
   TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel(), "out must be contiguous like q");
@@ -105,18 +104,11 @@ void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Ten
     ws = workspace->data_ptr<float>();
   }
   TORCH_CHECK(ws != nullptr || k_cache.size(2) <= 64, "a cache of more than 64 positions needs a workspace");
-  int* counts = nullptr;
-  if (merge_counts.has_value()) {
-    check(*merge_counts, "merge_counts", at::kInt);
-    TORCH_CHECK(merge_counts->is_contiguous() && merge_counts->numel() >= batch * kv_heads,
-                "merge_counts must hold batch * kv_heads ints");
-    counts = merge_counts->data_ptr<int>();
-  }
   const c10::cuda::CUDAGuard guard(q.device());
   ok(q3tts::rope_attention(out.data_ptr(), ws, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
                            v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                            positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr(),
-                           v_cache.data_ptr(), counts, batch, q_heads, kv_heads, head_dim, k_cache.size(2),
+                           v_cache.data_ptr(), batch, q_heads, kv_heads, head_dim, k_cache.size(2),
                            static_cast<float>(eps), static_cast<float>(scale), stream()),
      "rope_attention");
 }

@@ -34,17 +34,15 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
                              float scale, cudaStream_t stream);
 int decode_attention_splits(int max_len, int split_len);
 
-// qk_norm_rope_cache then decode_attention in one kernel, for rows with distinct slots: the new token's q/k are
-// normed and roped, its K/V written to cache[slot, :, position], and out [batch, q_heads, D] is the attention of
-// its queries over positions 0..position. Bit-identical to the two. `workspace` as decode_attention's (may be
-// null when max_len <= 64). When max_len > 64 the splits are merged by a second kernel, or, given
-// `merge_counts` (batch * kv_heads ints, zero, left zero; for one launch at a time), by the last split of each
-// (row, KV head) to finish, with the same arithmetic.
+// qk_norm_rope_cache then decode_attention in one kernel (plus the merge kernel when max_len > 64), for
+// rows with distinct slots: the new token's q/k are normed and roped, its K/V written to
+// cache[slot, :, position], and out [batch, q_heads, D] is the attention of its queries over positions
+// 0..position. Bit-identical to the two. `workspace` as decode_attention's (may be null when max_len <= 64).
 cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
                            int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
                            const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
-                           void* v_cache, int* merge_counts, int batch, int q_heads, int kv_heads, int head_dim,
-                           int max_len, float eps, float scale, cudaStream_t stream);
+                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
+                           float eps, float scale, cudaStream_t stream);
 
 // The talker's decode-step input: out[r] = bf16(bf16(sum_j E_j[codes[r, j]]) + text[r]) over the `groups`
 // codebooks, E_0 = first_table [first_vocab, width] and E_j = tables[j - 1] ([groups - 1, vocab, width]), the sum
