@@ -391,6 +391,12 @@ VALUES = st.one_of(
 )
 
 
+def fresh(draw: st.DrawFn) -> Any:
+    """A drawn value copied: VALUES holds mutable lists and dicts, and a later mutation may add to what one
+    inserted, which must not change the strategy itself (Hypothesis would see other data on replay)."""
+    return copy.deepcopy(draw(VALUES))
+
+
 @st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     documents = valid_documents()
@@ -405,7 +411,7 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
         if operation == "delete":
             del parent[path[-1]]
         elif operation == "replace":
-            parent[path[-1]] = draw(VALUES)
+            parent[path[-1]] = fresh(draw)
         elif isinstance(parent, dict):
             parent[
                 draw(
@@ -420,9 +426,9 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
                         ]
                     )
                 )
-            ] = draw(VALUES)
+            ] = fresh(draw)
         else:
-            parent.append(draw(VALUES))
+            parent.append(fresh(draw))
     return document
 
 
@@ -463,7 +469,7 @@ def measurement_records(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.booleans()) and key in record:
             del record[key]
         else:
-            record[key] = draw(VALUES)
+            record[key] = fresh(draw)
     return record
 
 
