@@ -496,7 +496,7 @@ def sample_talker(
     Same token as `sampling.sample_with_uniform` for the same uniform (tests/device checks 1M cases).
     `logits` float32 or bfloat16 (read as its exact float32 values).
     """
-    return _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, None, None)[0]
+    return _sample(logits, uniforms, params, None, None, (history, frames_generated, eos_id))[0]
 
 
 def sample_talker_and_embed(
@@ -510,38 +510,49 @@ def sample_talker_and_embed(
     out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(cb0, table[cb0]): `sample_talker` and the code's embedding row (the predictor's second input) in one
-    kernel, as `sample_predictor_and_embed` does for the codebook steps. `out`: as theirs."""
-    codes, embedded = _sample_talker(logits, uniforms, params, history, frames_generated, eos_id, table, out)
+    kernel, as `sample_predictor_and_embed` does for the codebook steps. `out`: as `sample_predictor`'s."""
+    codes, embedded = _sample(logits, uniforms, params, table, out, (history, frames_generated, eos_id))
     assert embedded is not None
     return codes, embedded
 
 
-def _sample_talker(
+def _sample(
     logits: Tensor,
     uniforms: Tensor,
     params: sampling.SamplingRows,
-    history: Tensor,
-    frames_generated: Tensor,
-    eos_id: int,
     table: Tensor | None,
     out: Tensor | None,
+    talker: tuple[Tensor, Tensor, int] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
+    """Every sampler: (codes, table[codes] or None). `talker` = (history, frames_generated, eos_id) adds cb0's
+    rules (penalty over the history, control ids and early EOS banned); None is a codebook step's draw."""
     ext = _sampler_ext(logits)
     if ext is None or not _embeds_in_kernel(table):
-        banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
-        codes = _into(out, reference.sample(logits.float(), uniforms, params, history, banned))
+        if talker is None:
+            drawn = reference.sample(logits.float(), uniforms, params)
+        else:
+            history, frames_generated, eos_id = talker
+            banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
+            drawn = reference.sample(logits.float(), uniforms, params, history, banned)
+        codes = _into(out, drawn)
         return codes, (None if table is None else F.embedding(codes, table))
     out = _codes_out(logits, out)
     embedded = _embedding_rows(logits.shape[0], table)
+    rules: tuple[Tensor | None, Tensor | None, Tensor | None, int, int] = (None, None, None, -1, 0)
+    if talker is not None:
+        history, frames_generated, eos_id = talker
+        suppressed = _suppressed(logits.shape[-1], eos_id, logits.device)
+        rules = (history, suppressed, frames_generated, eos_id, sampling.EOS_BAN_FRAMES)
+    seen, suppress, generated, eos, ban_frames = rules
     ext.sample(
         out,
         logits,
-        history,
+        seen,
         params.repetition_penalty,
-        _suppressed(logits.shape[-1], eos_id, logits.device),
-        frames_generated,
-        eos_id,
-        sampling.EOS_BAN_FRAMES,
+        suppress,
+        generated,
+        eos,
+        ban_frames,
         params.greedy,
         params.temperature,
         params.top_k,
@@ -588,7 +599,7 @@ def sample_predictor(
     """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans). `logits` float32 or
     bfloat16; the kernel reads bfloat16 as its exact float32 values. With `out` (an int64 [rows] view, such
     as a column of the frame's codes), the codes are written there and it is returned."""
-    return _sample_predictor(logits, uniforms, params, None, out)[0]
+    return _sample(logits, uniforms, params, None, out)[0]
 
 
 def sample_predictor_and_embed(
@@ -597,39 +608,6 @@ def sample_predictor_and_embed(
     """(codes, table[codes]): `sample_predictor` and the next step's input row in one kernel, so a codebook
     step of the frame needs no gather kernel. `table` [vocab, width] bfloat16 (the projected embeddings).
     `out`: as `sample_predictor`'s."""
-    codes, embedded = _sample_predictor(logits, uniforms, params, table, out)
+    codes, embedded = _sample(logits, uniforms, params, table, out)
     assert embedded is not None
     return codes, embedded
-
-
-def _sample_predictor(
-    logits: Tensor,
-    uniforms: Tensor,
-    params: sampling.SamplingRows,
-    table: Tensor | None,
-    out: Tensor | None,
-) -> tuple[Tensor, Tensor | None]:
-    ext = _sampler_ext(logits)
-    if ext is None or not _embeds_in_kernel(table):
-        codes = _into(out, reference.sample(logits.float(), uniforms, params))
-        return codes, (None if table is None else F.embedding(codes, table))
-    out = _codes_out(logits, out)
-    embedded = _embedding_rows(logits.shape[0], table)
-    ext.sample(
-        out,
-        logits,
-        None,
-        params.repetition_penalty,
-        None,
-        None,
-        -1,
-        0,
-        params.greedy,
-        params.temperature,
-        params.top_k,
-        params.top_p,
-        uniforms,
-        table,
-        embedded,
-    )
-    return out, embedded
