@@ -7,9 +7,9 @@ fewer kernels) decides the next change. ncu times each kernel alone (serialized,
 weights are in a frame), so the sum of the kernels' times against the replay is the cost of the chain.
 
 Usage: python benchmarks/device/frame_ncu.py --model SNAPSHOT --out DIR [--modes exact,fast] [--streams 1]
-           [--kernels N] [--timeout S]
-(runs itself under ncu once per mode, the first N kernels of the frame; writes ncu-<mode>-b<streams>.csv,
-ncu's log and the .txt summary, and prints the summary)
+           [--skip K] [--kernels N] [--timeout S]
+(runs itself under ncu once per mode, N kernels of the frame after its first K; writes
+ncu-<mode>-b<streams>.csv, ncu's log and the .txt summary, and prints the summary)
 """
 
 from __future__ import annotations
@@ -143,6 +143,8 @@ def run_profiles(args: argparse.Namespace) -> int:
             "raw",
             "--print-units",
             "base",
+            "--launch-skip",
+            str(args.skip),
             "--launch-count",
             str(args.kernels),
             "--metrics",
@@ -185,7 +187,8 @@ def main() -> int:
 
     parser = measurement_parser(__doc__)
     parser.add_argument("--streams", type=int, default=1, help="sessions in the frame (a graph bucket)")
-    parser.add_argument("--kernels", type=int, default=700, help="profile the frame's first N kernels")
+    parser.add_argument("--skip", type=int, default=0, help="kernels of the frame not profiled first")
+    parser.add_argument("--kernels", type=int, default=700, help="kernels profiled after those skipped")
     parser.add_argument("--timeout", type=float, default=300, help="seconds a mode's ncu run may take")
     parser.add_argument("--target", help=argparse.SUPPRESS)  # set when ncu runs this script on one mode
     args = parser.parse_args()
