@@ -516,6 +516,26 @@ def sample_talker_and_embed(
     return codes, embedded
 
 
+def sample_predictor(
+    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, out: Tensor | None = None
+) -> Tensor:
+    """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans). `logits` float32 or
+    bfloat16; the kernel reads bfloat16 as its exact float32 values. With `out` (an int64 [rows] view, such
+    as a column of the frame's codes), the codes are written there and it is returned."""
+    return _sample(logits, uniforms, params, None, out)[0]
+
+
+def sample_predictor_and_embed(
+    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor, out: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(codes, table[codes]): `sample_predictor` and the next step's input row in one kernel, so a codebook
+    step of the frame needs no gather kernel. `table` [vocab, width] bfloat16 (the projected embeddings).
+    `out`: as `sample_predictor`'s."""
+    codes, embedded = _sample(logits, uniforms, params, table, out)
+    assert embedded is not None
+    return codes, embedded
+
+
 def _sample(
     logits: Tensor,
     uniforms: Tensor,
@@ -526,33 +546,29 @@ def _sample(
 ) -> tuple[Tensor, Tensor | None]:
     """Every sampler: (codes, table[codes] or None). `talker` = (history, frames_generated, eos_id) adds cb0's
     rules (penalty over the history, control ids and early EOS banned); None is a codebook step's draw."""
+    history: Tensor | None = None
+    frames_generated: Tensor | None = None
+    eos_id = -1
+    if talker is not None:
+        history, frames_generated, eos_id = talker
     ext = _sampler_ext(logits)
     if ext is None or not _embeds_in_kernel(table):
-        if talker is None:
-            drawn = reference.sample(logits.float(), uniforms, params)
-        else:
-            history, frames_generated, eos_id = talker
+        banned = None
+        if frames_generated is not None:
             banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
-            drawn = reference.sample(logits.float(), uniforms, params, history, banned)
-        codes = _into(out, drawn)
+        codes = _into(out, reference.sample(logits.float(), uniforms, params, history, banned))
         return codes, (None if table is None else F.embedding(codes, table))
     out = _codes_out(logits, out)
     embedded = _embedding_rows(logits.shape[0], table)
-    rules: tuple[Tensor | None, Tensor | None, Tensor | None, int, int] = (None, None, None, -1, 0)
-    if talker is not None:
-        history, frames_generated, eos_id = talker
-        suppressed = _suppressed(logits.shape[-1], eos_id, logits.device)
-        rules = (history, suppressed, frames_generated, eos_id, sampling.EOS_BAN_FRAMES)
-    seen, suppress, generated, eos, ban_frames = rules
     ext.sample(
         out,
         logits,
-        seen,
+        history,
         params.repetition_penalty,
-        suppress,
-        generated,
-        eos,
-        ban_frames,
+        None if talker is None else _suppressed(logits.shape[-1], eos_id, logits.device),
+        frames_generated,
+        eos_id,
+        0 if talker is None else sampling.EOS_BAN_FRAMES,
         params.greedy,
         params.temperature,
         params.top_k,
@@ -591,23 +607,3 @@ def _embedding_rows(rows: int, table: Tensor | None) -> Tensor | None:
     if table is None:
         return None
     return torch.empty(rows, table.shape[1], dtype=table.dtype, device=table.device)
-
-
-def sample_predictor(
-    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, out: Tensor | None = None
-) -> Tensor:
-    """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans). `logits` float32 or
-    bfloat16; the kernel reads bfloat16 as its exact float32 values. With `out` (an int64 [rows] view, such
-    as a column of the frame's codes), the codes are written there and it is returned."""
-    return _sample(logits, uniforms, params, None, out)[0]
-
-
-def sample_predictor_and_embed(
-    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, table: Tensor, out: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """(codes, table[codes]): `sample_predictor` and the next step's input row in one kernel, so a codebook
-    step of the frame needs no gather kernel. `table` [vocab, width] bfloat16 (the projected embeddings).
-    `out`: as `sample_predictor`'s."""
-    codes, embedded = _sample(logits, uniforms, params, table, out)
-    assert embedded is not None
-    return codes, embedded
