@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# A/B of kernel changes on one machine: the checkout against trees carried under .whl/tree-<name>.
+# Run after run_all.sh's setup, build and snapshot phases (same $OUT and work folder). For each tree it
+# builds the tree's extension (all at once), runs the tree's kernel device tests, times its frame with
+# frame_time.py, then compares each tree with the checkout (`frame_time.py --compare`).
+# Make a tree (links resolved; the carry limit is 64 MiB, about 4 MiB a tree):
+#   git archive <rev> pyproject.toml qwen3_tts_native engine evidence release schemas tests benchmarks/device \
+#     | tar -x -C /tmp/t && mkdir .whl/tree-<name> && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
+# Usage: TREES="attn sampler" [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
+set -uo pipefail
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-540}
+TREES=${TREES:?name the trees under .whl/tree-<name>}
+OUT=${OUT:-$PWD/out}
+WORK=${QWEN3_TTS_WORK:-/tmp/q3tts}
+ROOT=$PWD
+SNAPSHOT=$WORK/full
+RESULTS=$WORK/results/ab
+mkdir -p "$OUT" "$RESULTS"
+exec > >(tee -a "$OUT/ab_trees.log") 2>&1
+export PYTHONUNBUFFERED=1 QWEN3_TTS_KERNEL_CACHE=$WORK/kernel-cache
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+cap() { local l=$(( $(left) - 10 )); (( l < $1 )) && echo "$(( l > 1 ? l : 1 ))" || echo "$1"; }
+tree_path() { [ "$1" = checkout ] && echo "$ROOT" || echo "$ROOT/.whl/tree-$1"; }
+
+echo "=== building ${TREES} ($(left)s left)"
+jobs_each=$(( ${MAX_JOBS:-16} / $(wc -w <<< "$TREES") ))
+builds=()
+for name in $TREES; do
+  ( cd "$(tree_path "$name")" && MAX_JOBS=$(( jobs_each > 1 ? jobs_each : 1 )) PYTHONPATH=$PWD:/tmp/site_common \
+      timeout "$(cap 240)" python3 -m qwen3_tts_native.engine.kernels build > "$RESULTS/build-$name.log" 2>&1
+    echo "build $name rc=$?" ) &
+  builds+=($!)
+done
+wait "${builds[@]}"  # by pid: a bare wait also waits for the log's tee
+
+for name in $TREES; do
+  echo "=== tests/device kernels: $name ($(left)s left)"
+  ( cd "$(tree_path "$name")" && PYTHONPATH=$PWD:/tmp/site_common timeout "$(cap 120)" python3 -m pytest -q \
+      tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py -p no:cacheprovider 2>&1 | tail -6 )
+done
+
+for name in checkout $TREES; do
+  echo "=== frame_time: $name ($(left)s left)"
+  ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
+      python3 frame_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$name" 2>&1 | tail -4 )
+done
+for name in $TREES; do
+  echo "=== $name against the checkout"
+  ( cd "$ROOT/benchmarks/device" && python3 frame_time.py --compare "$RESULTS" checkout "$name" )
+done
+cp -f "$RESULTS"/*.json "$OUT"/ 2>/dev/null
+echo "=== done ($(left)s left)"
