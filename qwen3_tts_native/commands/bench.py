@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--modes",
         default="exact,fast",
-        help="comma list of exact, fast, fast-fp8, eager (engine without graphs); peers run after the first",
+        help="comma list of exact, fast, fast-fp8, eager (engine without graphs); each mode runs in a "
+        "process of its own, one after the other, then the peers",
     )
     parser.add_argument("--frames", type=int, default=100, help="frames per single-stream synthesis")
     parser.add_argument("--runs", type=int, default=3, help="timed single-stream syntheses")
@@ -86,6 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--profile-dir", type=Path, help="write the per-frame profiles here (default: --out-dir)"
     )
+    # Set by the parent run on the process it starts for one mode (`mode_process_command`).
+    parser.add_argument("--mode-json", type=Path, help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
 
 
@@ -792,16 +795,110 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"  peer {name}: {peer}")
 
 
+def mode_process_command(args: argparse.Namespace, mode: str, timing_model: Path, out: Path) -> list[str]:
+    """The command that benches one mode in a process of its own and writes its figures to `out`.
+
+    Why a process per mode: a mode measured after another in one process carried the first one's history
+    (fast's first audio 7.9 ms alone, 11.7 ms after exact's concurrency levels; run 41)."""
+    command = [sys.executable, "-m", "qwen3_tts_native", "bench", "--model", str(args.model)]
+    command += ["--timing-model", str(timing_model), "--modes", mode, "--mode-json", str(out)]
+    options = {
+        "--frames": args.frames,
+        "--runs": args.runs,
+        "--ttfa-runs": args.ttfa_runs,
+        "--concurrency": args.concurrency,
+        "--concurrency-frames": args.concurrency_frames,
+        "--level-timeout-s": args.level_timeout_s,
+        "--level-runs": args.level_runs,
+        "--max-context": args.max_context,
+        "--out-dir": args.out_dir,
+        "--profile-dir": args.profile_dir or args.out_dir,
+    }
+    for option, value in options.items():
+        command += [option, str(value)]
+    return command
+
+
+def run_mode_process(args: argparse.Namespace, mode: str, timing_model: Path) -> dict[str, Any]:
+    """`bench_mode` for one mode in a child process (its log goes to ours); the child's error if it fails."""
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"mode-{mode}.json"
+    out.unlink(missing_ok=True)
+    proc = subprocess.run(mode_process_command(args, mode, timing_model, out))
+    if not out.exists():
+        return {"error": f"the {mode} process exited {proc.returncode} without figures (its log is above)"}
+    record: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    return record
+
+
+def load_base_engine(timing_model: Path, max_context: int) -> Any:
+    """The weights every timed engine shares (not accelerated: each timed engine is, in its mode)."""
+    import torch
+
+    from ..engine.runtime.engine import VoiceDesignEngine
+
+    return VoiceDesignEngine.load(
+        timing_model,
+        device="cuda",
+        dtype=torch.bfloat16,
+        codec_dtype=torch.float32,
+        max_sessions=1,
+        max_context=max_context,
+        accelerate=False,
+    )
+
+
+def engine_factory(base: Any, max_context: int) -> Callable[..., Any]:
+    """load_engine(sessions, codec_dtype): an engine of `sessions` slots over `base`'s weights (KV pool sized
+    per run, weights shared; a codec of another dtype is copied once)."""
+    import copy
+
+    import torch
+
+    from ..engine.runtime.engine import VoiceDesignEngine
+    from ..engine.runtime.graphs import SCRATCH_SLOTS
+
+    decoders: dict[Any, Any] = {torch.float32: base.decoder}
+
+    def load_engine(sessions: int, codec_dtype: Any = torch.float32) -> Any:
+        if codec_dtype not in decoders:
+            decoders[codec_dtype] = copy.deepcopy(decoders[torch.float32]).to(codec_dtype)
+        return VoiceDesignEngine(
+            base.config,
+            base.talker,
+            base.predictor,
+            tokenizer=base.tokenizer,
+            decoder=decoders[codec_dtype],
+            max_sessions=sessions,
+            max_context=max_context,
+            scratch_slots=SCRATCH_SLOTS,
+        )
+
+    return load_engine
+
+
+def run_one_mode(args: argparse.Namespace, mode: str, out: Path) -> int:
+    """The child side of `run_mode_process`: load the weights, bench `mode`, write its figures to `out`."""
+    timings: dict[str, float] = {}
+    with stage(timings, "load weights"):
+        base = load_base_engine(args.timing_model, args.max_context)
+    record = bench_mode(mode, engine_factory(base, args.max_context), args, args.profile_dir or args.out_dir)
+    record["stage_s"] = {**timings, **record["stage_s"]}
+    out.write_text(json.dumps(record, default=str))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..engine.config import load_config
-    from ..engine.runtime.engine import VoiceDesignEngine
-    from ..engine.runtime.graphs import SCRATCH_SLOTS
 
     if not torch.cuda.is_available():
         print("qwen3-tts bench: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.mode_json is not None:
+        return run_one_mode(args, args.modes, args.mode_json)
     stages: dict[str, float] = {}
     result: dict[str, Any] = {"system": system_info(), "stage_s": stages, "modes": {}, "peers": {}}
     eos = load_config(args.model).talker.codec_eos_token_id
@@ -820,50 +917,16 @@ def run(args: argparse.Namespace) -> int:
         "packets": "1 frame first, then 4",
         "max_context": args.max_context,
     }
-    with stage(stages, "load weights"):
-        base = VoiceDesignEngine.load(
-            timing_model,
-            device="cuda",
-            dtype=torch.bfloat16,
-            codec_dtype=torch.float32,
-            max_sessions=1,
-            max_context=args.max_context,
-            accelerate=False,  # holds the weights; each timed engine is accelerated in its mode
-        )
-    decoders: dict[Any, Any] = {torch.float32: base.decoder}
-
-    def load_engine(sessions: int, codec_dtype: Any = torch.float32) -> Any:
-        """An engine of `sessions` slots over the loaded weights (KV pool sized per run, weights shared)."""
-        import copy
-
-        if codec_dtype not in decoders:
-            decoders[codec_dtype] = copy.deepcopy(decoders[torch.float32]).to(codec_dtype)
-        return VoiceDesignEngine(
-            base.config,
-            base.talker,
-            base.predictor,
-            tokenizer=base.tokenizer,
-            decoder=decoders[codec_dtype],
-            max_sessions=sessions,
-            max_context=args.max_context,
-            scratch_slots=SCRATCH_SLOTS,
-        )
-
-    profile_dir = args.profile_dir or args.out_dir
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
-        try:
-            result["modes"][mode] = bench_mode(mode, load_engine, args, profile_dir)
-        except Exception as error:  # keep the other modes' figures; the JSON says what failed
-            import traceback
-
-            result["modes"][mode] = {
-                "error": f"{type(error).__name__}: {error}",
-                "traceback": traceback.format_exc(),
-            }
-            print(f"[bench] {mode} failed: {error}", file=sys.stderr)
+        with stage(stages, f"{mode} process"):
+            result["modes"][mode] = run_mode_process(args, mode, timing_model)
+        if "error" in result["modes"][mode]:
+            print(f"[bench] {mode} failed: {result['modes'][mode]['error']}", file=sys.stderr)
     with stage(stages, "codec error"):
+        load_engine = engine_factory(load_base_engine(timing_model, args.max_context), args.max_context)
         result["codec_waveform_error"] = codec_error(load_engine(1), load_engine(1, torch.bfloat16).decoder)
+        del load_engine  # the weights leave the GPU before the peers load theirs
     torch.cuda.empty_cache()
     for peer in [p for p in args.peers.split(",") if p and p != "none"]:
         with stage(stages, f"peer {peer}"):
