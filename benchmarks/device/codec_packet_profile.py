@@ -25,7 +25,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     tables = []
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(args.model, mode, args.streams)
         decoder = engine.decoder
         codes = torch.randint(0, 2048, (args.streams, 16, FRAMES), device="cuda")

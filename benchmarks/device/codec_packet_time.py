@@ -31,7 +31,7 @@ def measure(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 2048, (max(BATCHES), 16, FRAMES), generator=generator).cuda()
     waves: dict[str, torch.Tensor] = {}
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(args.model, mode, max(BATCHES))
         backend = CodecGraphs(engine.decoder, max(BATCHES))
         figures: dict[str, float] = {}

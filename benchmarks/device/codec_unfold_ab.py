@@ -31,7 +31,7 @@ def main() -> int:
     result = modes_result()
     shipped = ops.unfold_columns
     codes = torch.randint(0, 2048, (max(BATCHES), 16, FRAMES), device="cuda", generator=None)
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(args.model, mode, max(BATCHES))
         assert engine.decoder is not None
         figures: dict[str, dict[str, list[float]]] = {}

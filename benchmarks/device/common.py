@@ -88,7 +88,9 @@ def measurement_parser(description: str | None, modes: bool = True) -> argparse.
     parser.add_argument("--model", type=Path, required=True, help="full random snapshot directory")
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON written")
     if modes:
-        parser.add_argument("--modes", default="exact,fast", help="comma list of engine modes")
+        parser.add_argument(
+            "--modes", type=comma_names, default="exact,fast", help="comma list of engine modes"
+        )
     return parser
 
 
@@ -116,9 +118,14 @@ def load_timing_engine(model: Path, mode: Any, max_sessions: int, max_context: i
     )
 
 
+def comma_names(text: str) -> list[str]:
+    """ "exact, fast," -> ["exact", "fast"] (a --modes or --variants argument: an argparse `type`)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def comma_ints(text: str) -> list[int]:
     """ "1,16,64" -> [1, 16, 64] (a --streams argument)."""
-    return [int(part) for part in text.split(",") if part]
+    return [int(part) for part in comma_names(text)]
 
 
 def record_medians(result: dict[str, Any], mode: str, samples: dict[str, dict[str, list[float]]]) -> None:

@@ -54,7 +54,7 @@ def main() -> int:
             rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False, layout=layout
         )
 
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         figures: dict[str, Any] = {}
         for context in (512, 4096):
             for span, prompt_hidden in (("rows", shipped), ("whole_cache", whole_cache)):

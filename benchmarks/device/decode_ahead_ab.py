@@ -26,7 +26,7 @@ def main() -> int:
     timing_model = zero_eos_copy(args.model)
     levels = comma_ints(args.streams)
     result = modes_result()
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, max(levels))
         samples: dict[str, dict[str, list[float]]] = {}
         for streams in levels:

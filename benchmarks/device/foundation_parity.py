@@ -39,6 +39,7 @@ import torch
 from common import (
     Terminated,
     add_snapshot_arguments,
+    comma_names,
     command_output,
     ensure_snapshot,
     package_version,
@@ -422,7 +423,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for foundation-parity.json")
     add_snapshot_arguments(parser)
     parser.add_argument("--frames", type=int, default=200, help="frames per text mode (default 200)")
-    parser.add_argument("--modes", default=",".join(MODES), help="text modes, comma-separated (default both)")
+    parser.add_argument(
+        "--modes",
+        type=comma_names,
+        default=",".join(MODES),
+        help="text modes, comma-separated (default both)",
+    )
     parser.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda (default) or cpu"
     )
@@ -445,7 +451,7 @@ def main() -> int:
         return run_reference(args.worker)
     signal.signal(signal.SIGTERM, terminate)
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = args.modes
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
     args.model = snapshot_path(args)

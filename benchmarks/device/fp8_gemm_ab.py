@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from common import load_timing_engine, measurement_parser, modes_result
+from common import comma_names, load_timing_engine, measurement_parser, modes_result
 from prefill_profile import prefill_s
 
 from qwen3_tts_native.commands.bench import (
@@ -82,12 +82,12 @@ def measure(engine: Any) -> dict[str, Any]:
 
 def main() -> int:
     parser = measurement_parser(__doc__, modes=False)
-    parser.add_argument("--variants", default="int8,fp8,fp8-gemm512,fp8-gemm64")
+    parser.add_argument("--variants", type=comma_names, default="int8,fp8,fp8-gemm512,fp8-gemm64")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
-    for name in [v for v in args.variants.split(",") if v]:
+    for name in args.variants:
         engine = load_timing_engine(timing_model, variant_mode(name), 64)
         result["modes"][name] = measure(engine)
         print(name, json.dumps(result["modes"][name]), flush=True)

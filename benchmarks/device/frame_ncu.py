@@ -129,7 +129,7 @@ def summarize(raw_csv: str, title: str) -> str:
 
 def run_profiles(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         command = [
             "ncu",
             "--profile-from-start",

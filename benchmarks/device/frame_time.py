@@ -28,7 +28,7 @@ def measure(args: argparse.Namespace) -> int:
 
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, 64)
         figures = {f"frame_replay_{streams}_ms": frame_replay_ms(engine, streams) for streams in (1, 64)}
         measure_single(engine, 64, 1)

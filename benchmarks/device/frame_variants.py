@@ -73,7 +73,7 @@ def main() -> int:
         "modes": {},
     }
     tables = []
-    for mode_name in [m for m in args.modes.split(",") if m]:
+    for mode_name in args.modes:
         mode = resolve_mode(mode_name)
         variants = [
             ("plain_launch", False, mode),

@@ -40,6 +40,7 @@ from common import (
     REPO_ROOT,
     Terminated,
     add_snapshot_arguments,
+    comma_ints,
     command_output,
     ensure_snapshot,
     package_version,
@@ -272,7 +273,7 @@ def main() -> int:
     parser.add_argument("--startup-timeout-s", type=float, default=420.0, help="limit for /health/ready")
     args = parser.parse_args()
     try:
-        levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
+        levels = sorted(set(comma_ints(args.concurrency)))
     except ValueError:
         parser.error("--concurrency takes comma-separated integers")
     if not levels or levels[0] < 1 or levels[-1] > 64:

@@ -32,7 +32,7 @@ def main() -> int:
     result = modes_result()
     shipped = graphs.PromptLayout.of
     variants = {"layout": shipped, "per_row_kernel": lambda prompts, slots: None}
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, max(levels))
         samples: dict[str, dict[str, list[float]]] = {}
         try:

@@ -50,7 +50,7 @@ def main() -> int:
     levels = comma_ints(args.streams)
     result = modes_result()
     tables = []
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, max(levels))
         figures: dict[str, Any] = {}
         for streams in levels:

@@ -14,7 +14,7 @@ import json
 import statistics
 from typing import Any
 
-from common import load_timing_engine, measurement_parser, modes_result
+from common import comma_names, load_timing_engine, measurement_parser, modes_result
 from fp8_gemm_ab import variant_mode
 
 from qwen3_tts_native.commands.bench import measure_ttfa, zero_eos_copy
@@ -25,11 +25,11 @@ RUNS = 10
 
 def main() -> int:
     parser = measurement_parser(__doc__, modes=False)
-    parser.add_argument("--variants", default="exact,int8,fp8-gemm512")
+    parser.add_argument("--variants", type=comma_names, default="exact,int8,fp8-gemm512")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
-    names = [v for v in args.variants.split(",") if v]
+    names = args.variants
     engines: dict[str, Any] = {
         name: load_timing_engine(timing_model, variant_mode(name), 4) for name in names
     }

@@ -54,7 +54,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, 1)
         backend = engine.codec_backend
         assert backend is not None
