@@ -35,15 +35,14 @@ class QuantizedWeight:
 
 
 def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
-    """Per-output-channel symmetric quantization of a [out, in] weight to "int8" or "fp8" (e4m3)."""
-    w = weight.float()
-    amax = w.abs().amax(dim=1).clamp_min(1e-12)
-    if kind == "int8":
-        scale = amax / INT8_MAX
+    """Per-output-channel symmetric quantization of a [out, in] weight to "int8" or "fp8" (e4m3; the rows
+    quantized as `quantize_rows_fp8` quantizes activations)."""
+    if kind == "fp8":
+        data, scale = quantize_rows_fp8(weight)
+    elif kind == "int8":
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / INT8_MAX
         data = torch.round(w / scale.unsqueeze(1)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    elif kind == "fp8":
-        scale = amax / FP8_E4M3_MAX
-        data = (w / scale.unsqueeze(1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     else:
         raise ValueError(f"unknown weight format {kind!r} (int8 or fp8)")
     return QuantizedWeight(data.contiguous(), scale.contiguous())

@@ -48,6 +48,7 @@ from .request import AudioPacket, FrameResult, SynthesisRequest, validate_reques
 from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import UNIFORM_BLOCK_FRAMES, Session
 from .step import UNIFORMS_PER_FRAME, EagerFrameBackend, FrameBackend, FrameRows
+from .transfer import upload
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ class VoiceDesignEngine:
             [[s.slot for s in sessions], [0] * len(sessions), [self._uniform_index(s) for s in sessions]],
             dtype=torch.int64,
         )
-        slots, frames_generated, uniform_rows = self._upload(meta)
+        slots, frames_generated, uniform_rows = upload(meta, self.device)
         prompts = [s.prompt for s in sessions if s.prompt is not None]
         rows = self._rows(sessions, slots, frames_generated, uniform_rows)
         codes = self.frame_backend.prefill_frames(
@@ -331,7 +332,7 @@ class VoiceDesignEngine:
             ],
             dtype=torch.int64,
         )
-        positions, slots, frames_generated, uniform_rows = self._upload(meta)
+        positions, slots, frames_generated, uniform_rows = upload(meta, self.device)
         text = torch.stack([s.text_element() for s in sessions])
         rows = self._rows(sessions, slots, frames_generated, uniform_rows)
         previous = self._last_codes.index_select(0, slots)
@@ -413,7 +414,7 @@ class VoiceDesignEngine:
         with fp32_codec() if cuda else nullcontext(), self._codec_stream(frames):
             for members in groups.values():
                 stacked = torch.stack([frames[i] for i in members])
-                codes = (stacked if stacked.is_cuda else self._upload(stacked)).transpose(1, 2)
+                codes = (stacked if stacked.is_cuda else upload(stacked, self.device)).transpose(1, 2)
                 wave = self._decode_batch([sessions[i] for i in members], codes)
                 host = torch.empty(wave.shape, dtype=wave.dtype, pin_memory=cuda)
                 host.copy_(wave, non_blocking=cuda)
@@ -553,7 +554,7 @@ class VoiceDesignEngine:
         block, frame = UNIFORM_BLOCK_FRAMES, session.frames_launched
         start = session.slot * block
         if frame % block == 0:
-            self._uniforms[start : start + block].copy_(self._upload(session.draw_uniform_block()))
+            self._uniforms[start : start + block].copy_(upload(session.draw_uniform_block(), self.device))
         return start + frame % block
 
     def _rows(
@@ -597,13 +598,6 @@ class VoiceDesignEngine:
         for session in sessions:
             session.frames_in_flight += 1
         return PendingStep(tuple(sessions), frames, host, ready)
-
-    def _upload(self, host: Tensor) -> Tensor:
-        """`host` on the engine's device without waiting for it: a pageable host-to-device copy synchronizes
-        the stream, so on CUDA it goes from pinned memory, asynchronously."""
-        if self.device.type != "cuda":
-            return host.to(self.device)
-        return host.pin_memory().to(self.device, non_blocking=True)
 
     @staticmethod
     def _all(results: list[FrameResult | None]) -> list[FrameResult]:

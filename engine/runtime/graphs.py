@@ -55,6 +55,7 @@ from . import step
 from .modes import EXACT, Mode
 from .sampling import SamplingRows
 from .step import FrameRows
+from .transfer import upload
 
 if TYPE_CHECKING:
     from .engine import VoiceDesignEngine
@@ -96,11 +97,11 @@ class PromptRows:
         pad = rows - sum(lengths)
         positions = torch.cat([torch.arange(n) for n in lengths] + [torch.full((pad,), lengths[-1] - 1)])
         ends = torch.tensor(lengths).cumsum(0) - 1
-        counts = torch.tensor([*lengths[:-1], lengths[-1] + pad], device=device)
+        counts = upload(torch.tensor([*lengths[:-1], lengths[-1] + pad]), device)
         # torch.cat copies: the pass updates its residual stream in place.
         embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
-        padded = cls(embeds, positions.to(device), slots.repeat_interleave(counts, output_size=rows))
-        return padded, ends.to(device)
+        padded = cls(embeds, upload(positions, device), slots.repeat_interleave(counts, output_size=rows))
+        return padded, upload(ends, device)
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
@@ -139,7 +140,7 @@ class PromptLayout:
         lengths = [p.shape[0] for p in prompts]
         longest = max(lengths)
         grid_rows = torch.cat([torch.arange(n) + i * longest for i, n in enumerate(lengths)])
-        return cls(slots, grid_rows.to(slots.device), longest)
+        return cls(slots, upload(grid_rows, slots.device), longest)
 
     def attend(self, queries: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float) -> Tensor:
         """Each row's roped queries [R, Hq, D] over its prompt's keys 0..its position, which the pass has
