@@ -1,5 +1,6 @@
 """A/B of time to first audio and one-stream RTF with the codec graphs on their own high-priority CUDA stream,
-as shipped, on a stream of their own at the frames' (default) priority, and on the engine's main stream, on a
+as shipped, on a stream of their own at the frames' (default) priority, on the engine's main stream, and on
+their own stream below the frames (the engine run from a stream of higher priority than the codec's), on a
 full random snapshot, in one process; the frame loop alone (`generate_codes`, no codec) is the ceiling.
 
 The first packet's path is timed in parts too (prefill, then the 1-frame packet's decode), so a difference
@@ -58,18 +59,25 @@ def main() -> int:
         engine = load_timing_engine(timing_model, mode, 1)
         backend = engine.codec_backend
         assert backend is not None
-        own_stream = backend.stream
-        streams = {
-            "own_stream": own_stream,
-            "own_stream_default_priority": torch.cuda.Stream(priority=0),
-            "main_stream": torch.cuda.current_stream(),
+        own_stream, main_stream = backend.stream, torch.cuda.current_stream()
+        above_codec = torch.cuda.Stream(priority=own_stream.priority - 1)
+        # variant: (the codec graphs' stream, the stream the engine runs its frames from)
+        variants = {
+            "own_stream": (own_stream, main_stream),
+            "own_stream_default_priority": (torch.cuda.Stream(priority=0), main_stream),
+            "main_stream": (main_stream, main_stream),
+            "frames_above_codec": (own_stream, above_codec),
         }
-        samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in [*streams, "frame_loop"]}
+        result.setdefault("stream_priorities", {})[mode] = {
+            name: [codec.priority, frames.priority] for name, (codec, frames) in variants.items()
+        }
+        samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in [*variants, "frame_loop"]}
         for run in range(RUNS + 1):
-            for variant, stream in streams.items():
-                backend.stream = stream
-                parts = first_packet_parts(engine, seed=run)
-                ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
+            for variant, (codec_stream, frame_stream) in variants.items():
+                backend.stream = codec_stream
+                with torch.cuda.stream(frame_stream):
+                    parts = first_packet_parts(engine, seed=run)
+                    ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
                 if run == 0:
                     continue  # warm-up
                 for key, value in {**parts, "synthesize_ttfa_ms": ttfa, "synthesize_rtf": rtf}.items():
