@@ -798,8 +798,9 @@ def print_table(summary: dict[str, Any]) -> None:
 def mode_process_command(args: argparse.Namespace, mode: str, timing_model: Path, out: Path) -> list[str]:
     """The command that benches one mode in a process of its own and writes its figures to `out`.
 
-    Why a process per mode: a mode measured after another in one process carried the first one's history
-    (fast's first audio 7.9 ms alone, 11.7 ms after exact's concurrency levels; run 41)."""
+    Why a process per mode: in one process a mode measured after another carried the first one's history:
+    fast's peak memory counted what exact's stages left allocated (7.70 GB in run 37, 6.89 GB alone in run
+    49) and its first audio followed exact's 64-stream level (11.7 ms in run 37, 10.9 ms alone)."""
     command = [sys.executable, "-m", "qwen3_tts_native", "bench", "--model", str(args.model)]
     command += ["--timing-model", str(timing_model), "--modes", mode, "--mode-json", str(out)]
     options = {
