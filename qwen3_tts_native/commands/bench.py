@@ -578,17 +578,22 @@ def codec_error(engine: Any, decoder_bf16: Any, frames: int = 48) -> dict[str, f
     return out
 
 
+def engine_mode(name: str) -> Any:
+    """The engine `Mode` a bench mode name times ("eager": exact's, without graphs)."""
+    from ..engine.runtime.modes import resolve_mode
+
+    mode = resolve_mode("fast") if name.startswith("fast") else resolve_mode("exact")
+    return replace(mode, weights="fp8") if name == "fast-fp8" else mode
+
+
 def bench_mode(
     name: str, load_engine: Callable[[int, Any], Any], args: argparse.Namespace, profile_dir: Path
 ) -> dict[str, Any]:
     import torch
 
     from ..engine.runtime.accelerate import accelerate
-    from ..engine.runtime.modes import resolve_mode
 
-    mode = resolve_mode("fast") if name.startswith("fast") else resolve_mode("exact")
-    if name == "fast-fp8":
-        mode = replace(mode, weights="fp8")
+    mode = engine_mode(name)
     eager = name == "eager"
     result: dict[str, Any] = {"mode": name, "weights": mode.weights, "codec_dtype": str(mode.codec_dtype)}
     timings: dict[str, float] = {}
@@ -833,8 +838,9 @@ def run_mode_process(args: argparse.Namespace, mode: str, timing_model: Path) ->
     return record
 
 
-def load_base_engine(timing_model: Path, max_context: int) -> Any:
-    """The weights every timed engine shares (not accelerated: each timed engine is, in its mode)."""
+def load_base_engine(timing_model: Path, max_context: int, codec_dtype: Any) -> Any:
+    """The weights every timed engine shares, the codec in `codec_dtype` (not accelerated: each timed engine
+    is, in its mode)."""
     import torch
 
     from ..engine.runtime.engine import VoiceDesignEngine
@@ -843,16 +849,17 @@ def load_base_engine(timing_model: Path, max_context: int) -> Any:
         timing_model,
         device="cuda",
         dtype=torch.bfloat16,
-        codec_dtype=torch.float32,
+        codec_dtype=codec_dtype,
         max_sessions=1,
         max_context=max_context,
         accelerate=False,
     )
 
 
-def engine_factory(base: Any, max_context: int) -> Callable[..., Any]:
-    """load_engine(sessions, codec_dtype): an engine of `sessions` slots over `base`'s weights (KV pool sized
-    per run, weights shared; a codec of another dtype is copied once)."""
+def engine_factory(base: Any, max_context: int, codec_dtype: Any) -> Callable[..., Any]:
+    """load_engine(sessions, dtype): an engine of `sessions` slots over `base`'s weights (KV pool sized
+    per run, weights shared). `codec_dtype` is base's codec's; a float32 codec is copied once to another
+    dtype when one is asked for."""
     import copy
 
     import torch
@@ -860,17 +867,19 @@ def engine_factory(base: Any, max_context: int) -> Callable[..., Any]:
     from ..engine.runtime.engine import VoiceDesignEngine
     from ..engine.runtime.graphs import SCRATCH_SLOTS
 
-    decoders: dict[Any, Any] = {torch.float32: base.decoder}
+    decoders: dict[Any, Any] = {codec_dtype: base.decoder}
 
-    def load_engine(sessions: int, codec_dtype: Any = torch.float32) -> Any:
-        if codec_dtype not in decoders:
-            decoders[codec_dtype] = copy.deepcopy(decoders[torch.float32]).to(codec_dtype)
+    def load_engine(sessions: int, dtype: Any = codec_dtype) -> Any:
+        if dtype not in decoders:
+            if torch.float32 not in decoders:
+                raise ValueError(f"a {dtype} codec can only be copied from a float32 one")
+            decoders[dtype] = copy.deepcopy(decoders[torch.float32]).to(dtype)
         return VoiceDesignEngine(
             base.config,
             base.talker,
             base.predictor,
             tokenizer=base.tokenizer,
-            decoder=decoders[codec_dtype],
+            decoder=decoders[dtype],
             max_sessions=sessions,
             max_context=max_context,
             scratch_slots=SCRATCH_SLOTS,
@@ -882,9 +891,11 @@ def engine_factory(base: Any, max_context: int) -> Callable[..., Any]:
 def run_one_mode(args: argparse.Namespace, mode: str, out: Path) -> int:
     """The child side of `run_mode_process`: load the weights, bench `mode`, write its figures to `out`."""
     timings: dict[str, float] = {}
+    codec_dtype = engine_mode(mode).codec_dtype  # loaded in the mode's dtype, as the server loads it
     with stage(timings, "load weights"):
-        base = load_base_engine(args.timing_model, args.max_context)
-    record = bench_mode(mode, engine_factory(base, args.max_context), args, args.profile_dir or args.out_dir)
+        base = load_base_engine(args.timing_model, args.max_context, codec_dtype)
+    load_engine = engine_factory(base, args.max_context, codec_dtype)
+    record = bench_mode(mode, load_engine, args, args.profile_dir or args.out_dir)
     record["stage_s"] = {**timings, **record["stage_s"]}
     out.write_text(json.dumps(record, default=str))
     return 0
@@ -925,9 +936,10 @@ def run(args: argparse.Namespace) -> int:
         if "error" in result["modes"][mode]:
             print(f"[bench] {mode} failed: {result['modes'][mode]['error']}", file=sys.stderr)
     with stage(stages, "codec error"):
-        load_engine = engine_factory(load_base_engine(timing_model, args.max_context), args.max_context)
+        base = load_base_engine(timing_model, args.max_context, torch.float32)
+        load_engine = engine_factory(base, args.max_context, torch.float32)
         result["codec_waveform_error"] = codec_error(load_engine(1), load_engine(1, torch.bfloat16).decoder)
-        del load_engine  # the weights leave the GPU before the peers load theirs
+        del base, load_engine  # the weights leave the GPU before the peers load theirs
     torch.cuda.empty_cache()
     for peer in [p for p in args.peers.split(",") if p and p != "none"]:
         with stage(stages, f"peer {peer}"):

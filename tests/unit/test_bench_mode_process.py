@@ -1,5 +1,6 @@
 """`qwen3-tts bench` runs each mode in a process of its own: the child gets every option that times a mode,
-and a child that fails leaves an error in the parent's figures instead of ending the run."""
+a child that fails leaves an error in the parent's figures instead of ending the run, and the engines it
+times share one set of weights."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from qwen3_tts_native.cli import build_parser
-from qwen3_tts_native.commands.bench import mode_process_command, run_mode_process
+from qwen3_tts_native.commands.bench import engine_factory, mode_process_command, run_mode_process
+from qwen3_tts_native.engine.checkpoint import write_random_snapshot
+from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 # Options only the parent uses (the peers and the HTTP server run from it), and those it sets per child.
 PARENT_ONLY = {"peers", "peer_pythonpath", "peer_frames", "peer_timeout_s", "http", "http_runs"}
@@ -42,3 +48,25 @@ def test_a_mode_process_that_fails_leaves_an_error_not_a_crash(tmp_path: Path) -
     record = run_mode_process(args, "exact", tmp_path / "snapshot-noeos")
     assert record == {"error": "the exact process exited 2 without figures (its log is above)"}
     assert not (tmp_path / "out" / "mode-exact.json").exists()
+
+
+def test_timed_engines_share_the_weights_and_copy_only_a_float32_codec(tmp_path: Path) -> None:
+    snapshot = write_random_snapshot(tmp_path / "tiny", "tiny", 0)
+
+    def base(codec_dtype: torch.dtype) -> VoiceDesignEngine:
+        return VoiceDesignEngine.load(
+            snapshot, codec_dtype=codec_dtype, max_sessions=1, max_context=64, accelerate=False
+        )
+
+    float32_base = base(torch.float32)
+    load_engine = engine_factory(float32_base, 64, torch.float32)
+    engine = load_engine(2)
+    assert engine.max_sessions == 2
+    assert engine.talker is float32_base.talker and engine.decoder is float32_base.decoder
+    bf16 = load_engine(1, torch.bfloat16)
+    assert next(bf16.decoder.parameters()).dtype == torch.bfloat16
+    assert load_engine(1, torch.bfloat16).decoder is bf16.decoder  # copied once
+    bf16_base = base(torch.bfloat16)
+    assert engine_factory(bf16_base, 64, torch.bfloat16)(1).decoder is bf16_base.decoder
+    with pytest.raises(ValueError, match="only be copied from a float32"):
+        engine_factory(bf16_base, 64, torch.bfloat16)(1, torch.float32)
