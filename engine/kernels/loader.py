@@ -29,6 +29,7 @@ SOURCES = (
     "snake.cu",
     "unfold.cu",
     "embedding.cu",
+    "row_copy.cu",
 )
 HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "rope.cuh")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"

@@ -22,6 +22,7 @@ __all__ = [
     "conv_to_one_channel",
     "decode_attention",
     "fp8_linear",
+    "gather_rows",
     "kernels_available",
     "linear",
     "linear_swiglu",
@@ -33,6 +34,7 @@ __all__ = [
     "sample_predictor",
     "sample_predictor_and_embed",
     "sample_talker",
+    "scatter_rows_",
     "set_dependent_launch",
     "silu_mul",
     "snake_beta",
@@ -362,6 +364,33 @@ def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | N
     if not ok:
         return None
     return ext, rows, data, None if isinstance(weight, Tensor) else weight.scale
+
+
+def _row_copy_ext(*tensors: Tensor):  # type: ignore[no-untyped-def]
+    """The extension when every tensor suits `copy_rows` (CUDA, 1-4 dims, contiguous last dim), else None."""
+    suits = all(t.dim() <= 4 and (t.dim() == 1 or t.shape[-1] == 1 or t.stride(-1) == 1) for t in tensors)
+    return _ext(*tensors, dtype=None) if suits and tensors else None
+
+
+def gather_rows(sources: list[Tensor], index: Tensor) -> list[Tensor]:
+    """`reference.gather_rows` (rows `index` of each source) in one kernel for all sources, not one index
+    op each: the codec graphs' per-packet state gather."""
+    ext = _row_copy_ext(index, *sources)
+    if ext is None:
+        return reference.gather_rows(sources, index)
+    outputs = [source.new_empty((index.numel(), *source.shape[1:])) for source in sources]
+    ext.copy_rows(outputs, sources, index.contiguous(), True)
+    return outputs
+
+
+def scatter_rows_(targets: list[Tensor], index: Tensor, sources: list[Tensor]) -> None:
+    """`reference.scatter_rows_` (row index[r] of each target <- row r of its source, the indices distinct)
+    in one kernel for all pairs: the codec graphs' per-packet state scatter."""
+    ext = _row_copy_ext(index, *targets, *sources)
+    if ext is None:
+        reference.scatter_rows_(targets, index, sources)
+        return
+    ext.copy_rows(targets, sources, index.contiguous(), False)
 
 
 def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor) -> Tensor:

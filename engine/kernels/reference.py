@@ -199,3 +199,14 @@ def sample(
 ) -> Tensor:
     """The engine's sampler, `sampling.sample_with_uniform`, unchanged."""
     return sampling.sample_with_uniform(logits, uniforms, params, penalized, banned)
+
+
+def gather_rows(sources: list[Tensor], index: Tensor) -> list[Tensor]:
+    """Rows `index` of each source, as new tensors [len(index), ...]."""
+    return [source.index_select(0, index) for source in sources]
+
+
+def scatter_rows_(targets: list[Tensor], index: Tensor, sources: list[Tensor]) -> None:
+    """Row index[r] of each target <- row r of its source (the indices distinct)."""
+    for target, source in zip(targets, sources, strict=True):
+        target.index_copy_(0, index, source)

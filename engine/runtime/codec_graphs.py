@@ -4,13 +4,13 @@ Why: an eager `SpeechDecoder.forward` is a few hundred small kernels per pass dr
 the fusions in codec.py and with a pass per frame, about 23 ms per packet on the H200 in the first device
 run, more than the frame step itself). Here one packet of B sessions is one graph replay.
 
-Layout: every state tensor of `CodecStreamState` lives once, in a pool with one row per engine cache slot
-plus a scratch row (the last). A graph is captured per (batch bucket, frames per packet); it gathers its
-rows' states by slot index, runs `SpeechDecoder.forward` (the module's own code, unchanged: one pass
-through the decoder for all the packet's frames; it skips compacting the state, which the scatter copies
-anyway), and scatters the updated states back, all inside the graph. Padded rows of a partly filled
-bucket use the scratch row, whose contents never matter. A session's stream starts when `reset(slot)`
-zeroes its row.
+Layout: every state tensor of `CodecStreamState` lives once, in a pool with one row per engine cache slot plus
+a scratch row (the last). A graph is captured per (batch bucket, frames per packet); it gathers its rows'
+states by slot index (one kernel, `ops.gather_rows`), runs `SpeechDecoder.forward` (the module's own code,
+unchanged: one pass through the decoder for all the packet's frames; it skips compacting the state, which the
+scatter copies anyway), and scatters the updated states back (one kernel, `ops.scatter_rows_`), all inside the
+graph. Padded rows of a partly filled bucket use the scratch row, whose contents never matter. A session's
+stream starts when `reset(slot)` zeroes its row.
 
 Stream: everything that touches the pool (resets, replays) runs on the backend's own CUDA stream
 (`stream`; the engine decodes inside it), so a packet's decode overlaps the frame the engine launched
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..kernels import ops
 from ..model.codec import CodecStreamState, SpeechDecoder
 
 if TYPE_CHECKING:
@@ -65,22 +66,26 @@ def fp32_codec() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
+def _state_tensors(state: CodecStreamState) -> list[Tensor]:
+    """The state's tensors in one fixed order: position, the K/V caches, then the histories by name."""
+    return [state.position, *state.kv, *(state.history[name] for name in sorted(state.history))]
+
+
 def _gather(pool: CodecStreamState, index: Tensor) -> CodecStreamState:
+    """The pool rows `index` of every state tensor, by one kernel (`ops.gather_rows`)."""
+    names = sorted(pool.history)
+    position, *rest = ops.gather_rows(_state_tensors(pool), index)
+    layers = len(pool.kv)
     return CodecStreamState(
-        position=pool.position.index_select(0, index),
-        kv=[t.index_select(0, index) for t in pool.kv],
-        history={name: h.index_select(0, index) for name, h in pool.history.items()},
+        position=position, kv=rest[:layers], history=dict(zip(names, rest[layers:], strict=True))
     )
 
 
 def _scatter(pool: CodecStreamState, index: Tensor, state: CodecStreamState) -> None:
-    """Copy the decoded rows back; the sources may be views into the last frame's activations (the decoder
-    runs with `compact=False`, since this copy gives the pool rows their values anyway)."""
-    pool.position.index_copy_(0, index, state.position)
-    for target, source in zip(pool.kv, state.kv, strict=True):
-        target.index_copy_(0, index, source)
-    for name, target in pool.history.items():
-        target.index_copy_(0, index, state.history[name])
+    """Copy the decoded rows back, by one kernel (`ops.scatter_rows_`); the sources may be views into the
+    last frame's activations (the decoder runs with `compact=False`, since this copy gives the pool rows
+    their values anyway)."""
+    ops.scatter_rows_(_state_tensors(pool), index, _state_tensors(state))
 
 
 @dataclass

@@ -17,6 +17,7 @@ Tolerances, per op:
   no FMA contraction; float32 with CUDA's own sinf, bf16 with a hardware sine that rounds to sinf's bf16 at
   every one of the 65536 bf16 arguments, tested over all of them).
 - unfold_columns: bit-identical (a copy).
+- gather_rows, scatter_rows_: bit-identical (copies).
 - conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
   rounding); the same bits from a split history and for a stream alone as in the batch.
 - quantize_rows_fp8: bit-identical codes and scales (the same correctly rounded divisions and cast).
@@ -464,3 +465,50 @@ def test_conv_to_one_channel(  # type: ignore[no-untyped-def]
     assert torch.equal(split, whole)
     assert rel(whole, expected) <= (1e-5 if dtype == torch.float32 else 4e-3)
     assert torch.equal(ops.conv_to_one_channel(samples[-1:], weight, bias, dilation)[0], whole[-1])
+
+
+def _codec_like_state(slots: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Tensors shaped like a codec stream state's pool (int64 positions, a float32 K/V ring, histories of
+    odd lengths in float32 and bf16, one starting mid-row), each with `slots` rows."""
+
+    def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device="cuda").to(dtype)
+
+    return [
+        torch.randint(0, 1000, (slots,), generator=generator, device="cuda"),
+        rand(slots, 16, 71, 128),
+        rand(slots, 1024, 6),
+        rand(slots, 96, 3, dtype=BF16),
+        rand(slots, 384, 18)[..., 1:],  # a view that starts mid-row: 68-byte rows, 4-byte granules
+        rand(slots, 5, 1, dtype=BF16)[..., :1],
+    ]
+
+
+@pytest.mark.parametrize("slots,batch", [(65, 1), (65, 64), (9, 4)])
+def test_gather_and_scatter_rows_are_the_index_ops(ext, slots: int, batch: int) -> None:  # type: ignore[no-untyped-def]
+    """The codec graphs' state gather and scatter (one kernel each way) against index_select / index_copy_,
+    bit for bit, from contiguous pools and into them from strided views (the decoder's state entries are
+    slices of its activations), for tensors whose rows need 16-, 8-, 4- and 2-byte copies."""
+    generator = torch.Generator(device="cuda").manual_seed(slots * 100 + batch)
+    pool = _codec_like_state(slots, generator)
+    picked = torch.randint(0, slots, (batch,), generator=generator, device="cuda")  # repeats allowed
+    gathered = ops.gather_rows(pool, picked)
+    for got, expected in zip(gathered, reference.gather_rows(pool, picked), strict=True):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        assert torch.equal(got, expected)
+
+    sources = []  # the pool's row shapes, as views into wider tensors (rows and last dims not contiguous)
+    for t in pool:
+        if t.dim() == 1:
+            positions = torch.randint(0, 1000, (batch + 3,), generator=generator, device="cuda")
+            sources.append(positions[1 : batch + 1])
+            continue
+        wide = torch.randn(batch + 3, *t.shape[1:-1], t.shape[-1] + 2, generator=generator, device="cuda")
+        sources.append(wide.to(t.dtype)[1 : batch + 1, ..., 1 : t.shape[-1] + 1])
+    distinct = torch.randperm(slots, generator=generator, device="cuda")[:batch]
+    targets = [t.clone() for t in pool]
+    expected_targets = [t.clone() for t in pool]
+    ops.scatter_rows_(targets, distinct, sources)
+    reference.scatter_rows_(expected_targets, distinct, sources)
+    for got, expected in zip(targets, expected_targets, strict=True):
+        assert torch.equal(got, expected)

@@ -431,6 +431,87 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
 // Graphs captured afterwards get (or lose) programmatic dependent launch; see launch.cuh.
 void set_dependent_launch(bool enabled) { q3tts::dependent_launch_enabled() = enabled; }
 
+// The per-row layout of one tensor of a copy_rows pair: up to three dims after the row dim (padded in front
+// with size 1), the last contiguous; strides in bytes.
+struct RowLayout {
+  int64_t sizes[3];
+  int64_t strides[4];  // row, outer, middle, inner
+};
+
+RowLayout row_layout(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() >= 1 && t.dim() <= 4, "copy_rows takes tensors of 1 to 4 dims");
+  RowLayout layout{{1, 1, 1}, {0, 0, 0, 0}};
+  const int64_t element = t.element_size();
+  layout.strides[0] = t.stride(0) * element;
+  const int64_t extra = t.dim() - 1;
+  for (int64_t d = 0; d < extra; ++d) {
+    layout.sizes[3 - extra + d] = t.size(1 + d);
+    layout.strides[1 + 3 - extra + d] = t.stride(1 + d) * element;
+  }
+  TORCH_CHECK(extra == 0 || t.size(-1) == 1 || t.stride(-1) == 1, "copy_rows needs a contiguous last dim");
+  return layout;
+}
+
+int64_t gcd64(int64_t a, int64_t b) {
+  a = a < 0 ? -a : a;
+  b = b < 0 ? -b : b;
+  while (b != 0) {
+    const int64_t r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
+
+// dsts[i] and srcs[i] (same dtype, same sizes after the row dim): gathering, dst[r] = src[index[r]]; else
+// dst[index[r]] = src[r]. One kernel for all pairs (csrc/row_copy.cu).
+void copy_rows(std::vector<at::Tensor> dsts, std::vector<at::Tensor> srcs, at::Tensor index, bool gather) {
+  check(index, "index", at::kLong);
+  TORCH_CHECK(index.dim() == 1 && index.is_contiguous(), "index must be a contiguous 1-D tensor");
+  TORCH_CHECK(dsts.size() == srcs.size(), "copy_rows needs as many sources as targets");
+  const int64_t rows = index.numel();
+  std::vector<q3tts::RowCopyTask> tasks;
+  tasks.reserve(dsts.size());
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const at::Tensor& dst = dsts[i];
+    const at::Tensor& src = srcs[i];
+    check_cuda(dst, "target");
+    check_cuda(src, "source");
+    TORCH_CHECK(dst.device() == index.device() && src.device() == index.device(), "copy_rows: one device");
+    TORCH_CHECK(dst.scalar_type() == src.scalar_type(), "copy_rows: a target and its source differ in dtype");
+    TORCH_CHECK(dst.dim() == src.dim() && dst.sizes().slice(1) == src.sizes().slice(1),
+                "copy_rows: a target and its source differ in shape after the row dim");
+    TORCH_CHECK((gather ? dst.size(0) : src.size(0)) >= rows, "copy_rows: fewer rows than indices");
+    const RowLayout d = row_layout(dst), s = row_layout(src);
+    const int64_t inner_bytes = d.sizes[2] * dst.element_size();
+    TORCH_CHECK(inner_bytes < (int64_t{1} << 31) && d.sizes[0] < (int64_t{1} << 31) &&
+                    d.sizes[1] < (int64_t{1} << 31), "copy_rows: a row dim is too large");
+    int64_t granule = 16;
+    for (int64_t v : {inner_bytes, d.strides[0], d.strides[1], d.strides[2], s.strides[0], s.strides[1],
+                      s.strides[2], static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst.data_ptr())),
+                      static_cast<int64_t>(reinterpret_cast<uintptr_t>(src.data_ptr())) }) {
+      granule = gcd64(granule, v);
+    }
+    if (inner_bytes == 0 || d.sizes[0] == 0 || d.sizes[1] == 0) continue;
+    q3tts::RowCopyTask task{};
+    task.dst = static_cast<char*>(dst.data_ptr());
+    task.src = static_cast<const char*>(src.data_ptr());
+    for (int j = 0; j < 3; ++j) {
+      task.dst_strides[j] = d.strides[j];
+      task.src_strides[j] = s.strides[j];
+    }
+    task.outer = static_cast<int>(d.sizes[0]);
+    task.middle = static_cast<int>(d.sizes[1]);
+    task.inner_bytes = static_cast<int>(inner_bytes);
+    task.granule = static_cast<int>(granule);
+    tasks.push_back(task);
+  }
+  const c10::cuda::CUDAGuard guard(index.device());
+  ok(q3tts::copy_rows(tasks.data(), static_cast<int>(tasks.size()), index.data_ptr<int64_t>(),
+                      static_cast<int>(rows), gather, stream()),
+     "copy_rows");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -450,5 +531,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("snake_beta", &snake_beta);
   m.def("unfold_columns", &unfold_columns);
   m.def("conv_to_one_channel", &conv_to_one_channel);
+  m.def("copy_rows", &copy_rows);
   m.def("set_dependent_launch", &set_dependent_launch);
 }

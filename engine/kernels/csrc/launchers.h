@@ -140,4 +140,30 @@ struct SamplingArgs {
 };
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream);
 
+// One tensor of a row-indexed copy: row r of dst (or row index[r], scattering) gets row index[r] of src (or
+// row r). A row is outer x middle x inner_bytes, the inner bytes contiguous; strides are in bytes (row, outer,
+// middle), and `granule` (1, 2, 4, 8 or 16) divides inner_bytes, every stride and both base addresses.
+struct RowCopyTask {
+  char* dst;
+  const char* src;
+  int64_t dst_strides[3];
+  int64_t src_strides[3];
+  int outer;
+  int middle;
+  int inner_bytes;
+  int granule;
+};
+
+// Tasks one launch takes: the batch is a kernel parameter, which must stay under 4 KB.
+constexpr int kMaxRowCopyTasks = 48;
+struct RowCopyBatch {
+  RowCopyTask tasks[kMaxRowCopyTasks];
+};
+static_assert(sizeof(RowCopyBatch) <= 4000, "a kernel's parameters must stay under 4 KB");
+
+// Every task's rows copied for index[0..rows): gathering, dst[r] = src[index[r]]; else dst[index[r]] = src[r]
+// (the indices distinct). One launch per kMaxRowCopyTasks tasks.
+cudaError_t copy_rows(const RowCopyTask* tasks, int count, const int64_t* index, int rows, bool gather,
+                      cudaStream_t stream);
+
 }  // namespace q3tts
