@@ -31,6 +31,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_linear",
     "rope_attention",
+    "row_copy_suits",
     "sample_predictor",
     "sample_predictor_and_embed",
     "sample_talker",
@@ -366,31 +367,43 @@ def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | N
     return ext, rows, data, None if isinstance(weight, Tensor) else weight.scale
 
 
-def _row_copy_ext(*tensors: Tensor):  # type: ignore[no-untyped-def]
-    """The extension when every tensor suits `copy_rows` (CUDA, 1-4 dims, contiguous last dim), else None."""
-    suits = all(t.dim() <= 4 and (t.dim() == 1 or t.shape[-1] == 1 or t.stride(-1) == 1) for t in tensors)
-    return _ext(*tensors, dtype=None) if suits and tensors else None
+def row_copy_suits(t: Tensor) -> bool:
+    """Whether `gather_rows` / `scatter_rows_` copy this tensor in their kernel: on CUDA, 1-4 dims, the last
+    contiguous. Other tensors go to torch's index ops (the same values)."""
+    return t.is_cuda and t.dim() <= 4 and (t.dim() == 1 or t.shape[-1] == 1 or t.stride(-1) == 1)
+
+
+def _row_copy_split(ext: object, tensors: list[list[Tensor]]) -> tuple[list[int], list[int]]:
+    """Positions whose tensors (one from each list) all suit the row-copy kernel, and the others."""
+    positions = range(len(tensors[0]))
+    suited = [] if ext is None else [i for i in positions if all(row_copy_suits(ts[i]) for ts in tensors)]
+    return suited, [i for i in positions if i not in suited]
 
 
 def gather_rows(sources: list[Tensor], index: Tensor) -> list[Tensor]:
-    """`reference.gather_rows` (rows `index` of each source) in one kernel for all sources, not one index
-    op each: the codec graphs' per-packet state gather."""
-    ext = _row_copy_ext(index, *sources)
-    if ext is None:
-        return reference.gather_rows(sources, index)
-    outputs = [source.new_empty((index.numel(), *source.shape[1:])) for source in sources]
-    ext.copy_rows(outputs, sources, index.contiguous(), True)
-    return outputs
+    """`reference.gather_rows` (rows `index` of each source) in one kernel for all the sources that suit it
+    (`row_copy_suits`), not one index op each: the codec graphs' per-packet state gather."""
+    ext = _ext(index, dtype=None)
+    suited, rest = _row_copy_split(ext, [sources])
+    outputs = dict(zip(rest, reference.gather_rows([sources[i] for i in rest], index), strict=True))
+    for i in suited:
+        outputs[i] = sources[i].new_empty((index.numel(), *sources[i].shape[1:]))
+    if suited:
+        ext.copy_rows([outputs[i] for i in suited], [sources[i] for i in suited], index.contiguous(), True)
+    return [outputs[i] for i in range(len(sources))]
 
 
 def scatter_rows_(targets: list[Tensor], index: Tensor, sources: list[Tensor]) -> None:
     """`reference.scatter_rows_` (row index[r] of each target <- row r of its source, the indices distinct)
-    in one kernel for all pairs: the codec graphs' per-packet state scatter."""
-    ext = _row_copy_ext(index, *targets, *sources)
-    if ext is None:
-        reference.scatter_rows_(targets, index, sources)
-        return
-    ext.copy_rows(targets, sources, index.contiguous(), False)
+    in one kernel for all the pairs that suit it (`row_copy_suits`): the codec graphs' per-packet state
+    scatter."""
+    if len(targets) != len(sources):
+        raise ValueError(f"scatter_rows_ needs as many sources as targets ({len(sources)} != {len(targets)})")
+    ext = _ext(index, dtype=None)
+    suited, rest = _row_copy_split(ext, [targets, sources])
+    if suited:
+        ext.copy_rows([targets[i] for i in suited], [sources[i] for i in suited], index.contiguous(), False)
+    reference.scatter_rows_([targets[i] for i in rest], index, [sources[i] for i in rest])
 
 
 def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor) -> Tensor:

@@ -25,7 +25,7 @@ import torch
 
 from qwen3_tts_native.engine.audio import float_to_pcm16
 from qwen3_tts_native.engine.kernels import ops
-from qwen3_tts_native.engine.runtime import graphs, step
+from qwen3_tts_native.engine.runtime import codec_graphs, graphs, step
 from qwen3_tts_native.engine.runtime.accelerate import accelerate
 from qwen3_tts_native.engine.runtime.codec_graphs import fp32_codec
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -362,3 +362,21 @@ def test_streamed_pcm_on_the_codec_stream_is_the_one_shot_decode(engine: VoiceDe
     one_shot = torch.frombuffer(bytearray(float_to_pcm16(wave)), dtype=torch.int16).to(torch.int32)
     assert streamed.shape == one_shot.shape == (codes.shape[0] * 1920,)
     assert (streamed - one_shot).abs().max().item() <= 2
+
+
+def test_codec_state_tensors_suit_the_row_copy_kernel(engine: VoiceDesignEngine) -> None:
+    """A codec graph gathers every state tensor from the pool and scatters it back with one kernel each way
+    (`ops.gather_rows`, `ops.scatter_rows_`); a tensor the kernel does not take goes to torch's index ops,
+    one kernel each. Run 57's packet profile still showed 29 torch index kernels for the scatter; this names
+    the decoded state's tensors that do not suit (`ops.row_copy_suits`), with their shapes and strides."""
+    decoder = engine.decoder
+    assert decoder is not None
+    pool = decoder.new_stream_state(2)
+    index = torch.zeros(1, dtype=torch.int64, device="cuda")
+    codes = torch.zeros(1, decoder.config.num_quantizers, 4, dtype=torch.int64, device="cuda")
+    with fp32_codec(), torch.no_grad():
+        state = codec_graphs._gather(pool, index)
+        decoder(codes, state, compact=False)
+    tensors = codec_graphs._state_tensors(state)
+    unsuited = [(tuple(t.shape), t.stride()) for t in tensors if not ops.row_copy_suits(t)]
+    assert not unsuited, f"{len(unsuited)} of {len(tensors)} state tensors: {unsuited}"
