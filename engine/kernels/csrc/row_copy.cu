@@ -2,6 +2,8 @@
 // into a batch) and scatter (the batch's updated states back into their pool rows). Done with torch, that is
 // one index op per state tensor, ~30 each way a packet, each a full launch gap (torch launches carry no
 // dependent launch); here it is one kernel each way. A pure copy: bit-identical by construction.
+#include <type_traits>
+
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
@@ -11,34 +13,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The type a G-byte granule is copied as.
 template <int G>
-struct GranuleType;
-template <>
-struct GranuleType<16> {
-  using T = uint4;
-};
-template <>
-struct GranuleType<8> {
-  using T = uint2;
-};
-template <>
-struct GranuleType<4> {
-  using T = uint32_t;
-};
-template <>
-struct GranuleType<2> {
-  using T = uint16_t;
-};
-template <>
-struct GranuleType<1> {
-  using T = uint8_t;
-};
+using GranuleType =
+    std::conditional_t<G == 16, uint4,
+                       std::conditional_t<G == 8, uint2,
+                                          std::conditional_t<G == 4, uint32_t,
+                                                             std::conditional_t<G == 2, uint16_t, uint8_t>>>>;
 
 // This block's share (grid-stride over blockIdx.x) of one task: rows x outer x middle x granules of G bytes.
 template <int G>
 __device__ __forceinline__ void copy_task(const RowCopyTask& t, const int64_t* __restrict__ index, int rows,
                                           bool gather) {
-  using T = typename GranuleType<G>::T;
+  using T = GranuleType<G>;
   const int64_t inner = t.inner_bytes / G;
   const int64_t per_middle = inner;
   const int64_t per_outer = static_cast<int64_t>(t.middle) * per_middle;
