@@ -368,9 +368,9 @@ def _gemv_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | N
 
 
 def row_copy_suits(t: Tensor) -> bool:
-    """Whether `gather_rows` / `scatter_rows_` copy this tensor in their kernel: on CUDA, 1-4 dims, the last
+    """Whether `gather_rows` / `scatter_rows_` copy this tensor in their kernel (on CUDA): 1-4 dims, the last
     contiguous. Other tensors go to torch's index ops (the same values)."""
-    return t.is_cuda and t.dim() <= 4 and (t.dim() == 1 or t.shape[-1] == 1 or t.stride(-1) == 1)
+    return t.dim() <= 4 and (t.dim() == 1 or t.shape[-1] == 1 or t.stride(-1) == 1)
 
 
 def _row_copy_split(ext: object, tensors: list[list[Tensor]]) -> tuple[list[int], list[int]]:

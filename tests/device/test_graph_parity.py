@@ -364,11 +364,13 @@ def test_streamed_pcm_on_the_codec_stream_is_the_one_shot_decode(engine: VoiceDe
     assert (streamed - one_shot).abs().max().item() <= 2
 
 
-def test_codec_state_tensors_suit_the_row_copy_kernel(engine: VoiceDesignEngine) -> None:
+def test_codec_state_tensors_but_one_suit_the_row_copy_kernel(engine: VoiceDesignEngine) -> None:
     """A codec graph gathers every state tensor from the pool and scatters it back with one kernel each way
     (`ops.gather_rows`, `ops.scatter_rows_`); a tensor the kernel does not take goes to torch's index ops,
-    one kernel each. Run 57's packet profile still showed 29 torch index kernels for the scatter; this names
-    the decoded state's tensors that do not suit (`ops.row_copy_suits`), with their shapes and strides."""
+    one kernel each. Run 57's packet profile still showed 29 torch index kernels for the scatter: the op
+    then fell back as a whole for one tensor, the pre_conv's context, a view of the time-major codebook
+    embeddings (last dim strided) when a pass has more frames than the context. Every other state tensor,
+    as the decoder leaves it after a 4-frame pass on CUDA, must suit the kernel."""
     decoder = engine.decoder
     assert decoder is not None
     pool = decoder.new_stream_state(2)
@@ -377,6 +379,6 @@ def test_codec_state_tensors_suit_the_row_copy_kernel(engine: VoiceDesignEngine)
     with fp32_codec(), torch.no_grad():
         state = codec_graphs._gather(pool, index)
         decoder(codes, state, compact=False)
-    tensors = codec_graphs._state_tensors(state)
-    unsuited = [(tuple(t.shape), t.stride()) for t in tensors if not ops.row_copy_suits(t)]
-    assert not unsuited, f"{len(unsuited)} of {len(tensors)} state tensors: {unsuited}"
+    unsuited = {name: (t.shape, t.stride()) for name, t in state.history.items() if not ops.row_copy_suits(t)}
+    assert set(unsuited) <= {"pre_conv"}, unsuited
+    assert all(ops.row_copy_suits(t) for t in [state.position, *state.kv])
