@@ -8,9 +8,10 @@ Layout: every state tensor of `CodecStreamState` lives once, in a pool with one 
 a scratch row (the last). A graph is captured per (batch bucket, frames per packet); it gathers its rows'
 states by slot index (one kernel, `ops.gather_rows`), runs `SpeechDecoder.forward` (the module's own code,
 unchanged: one pass through the decoder for all the packet's frames; it skips compacting the state, which the
-scatter copies anyway), and scatters the updated states back (one kernel, `ops.scatter_rows_`), all inside the
-graph. Padded rows of a partly filled bucket use the scratch row, whose contents never matter. A session's
-stream starts when `reset(slot)` zeroes its row.
+scatter copies anyway), and scatters the updated states back (one kernel, `ops.scatter_rows_`, plus a torch
+copy for the one state entry that is a strided view), all inside the graph. Padded rows of a partly filled
+bucket use the scratch row, whose contents never matter. A session's stream starts when `reset(slot)` zeroes
+its row.
 
 Stream: everything that touches the pool (resets, replays) runs on the backend's own CUDA stream
 (`stream`; the engine decodes inside it), so a packet's decode overlaps the frame the engine launched
@@ -82,9 +83,10 @@ def _gather(pool: CodecStreamState, index: Tensor) -> CodecStreamState:
 
 
 def _scatter(pool: CodecStreamState, index: Tensor, state: CodecStreamState) -> None:
-    """Copy the decoded rows back, by one kernel (`ops.scatter_rows_`); the sources may be views into the
-    last frame's activations (the decoder runs with `compact=False`, since this copy gives the pool rows
-    their values anyway)."""
+    """Copy the decoded rows back, by one kernel (`ops.scatter_rows_`; the pre_conv's context, a view of the
+    time-major codebook embeddings, goes through torch); the sources may be views into the last frame's
+    activations (the decoder runs with `compact=False`, since this copy gives the pool rows their values
+    anyway)."""
     ops.scatter_rows_(_state_tensors(pool), index, _state_tensors(state))
 
 
