@@ -4,6 +4,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <numeric>
+
 #include "launch.cuh"
 #include "launchers.h"
 
@@ -434,33 +436,23 @@ void set_dependent_launch(bool enabled) { q3tts::dependent_launch_enabled() = en
 // The per-row layout of one tensor of a copy_rows pair: up to three dims after the row dim (padded in front
 // with size 1), the last contiguous; strides in bytes.
 struct RowLayout {
-  int64_t sizes[3];
-  int64_t strides[4];  // row, outer, middle, inner
+  int64_t sizes[3];    // outer, middle, inner
+  int64_t strides[3];  // row, outer, middle
 };
 
 RowLayout row_layout(const at::Tensor& t) {
   TORCH_CHECK(t.dim() >= 1 && t.dim() <= 4, "copy_rows takes tensors of 1 to 4 dims");
-  RowLayout layout{{1, 1, 1}, {0, 0, 0, 0}};
+  RowLayout layout{{1, 1, 1}, {0, 0, 0}};
   const int64_t element = t.element_size();
   layout.strides[0] = t.stride(0) * element;
   const int64_t extra = t.dim() - 1;
   for (int64_t d = 0; d < extra; ++d) {
-    layout.sizes[3 - extra + d] = t.size(1 + d);
-    layout.strides[1 + 3 - extra + d] = t.stride(1 + d) * element;
+    const int64_t slot = 3 - extra + d;  // 0 outer, 1 middle, 2 inner
+    layout.sizes[slot] = t.size(1 + d);
+    if (slot < 2) layout.strides[1 + slot] = t.stride(1 + d) * element;  // the inner dim is contiguous
   }
   TORCH_CHECK(extra == 0 || t.size(-1) == 1 || t.stride(-1) == 1, "copy_rows needs a contiguous last dim");
   return layout;
-}
-
-int64_t gcd64(int64_t a, int64_t b) {
-  a = a < 0 ? -a : a;
-  b = b < 0 ? -b : b;
-  while (b != 0) {
-    const int64_t r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
 }
 
 // dsts[i] and srcs[i] (same dtype, same sizes after the row dim): gathering, dst[r] = src[index[r]]; else
@@ -486,13 +478,13 @@ void copy_rows(std::vector<at::Tensor> dsts, std::vector<at::Tensor> srcs, at::T
     const int64_t inner_bytes = d.sizes[2] * dst.element_size();
     TORCH_CHECK(inner_bytes < (int64_t{1} << 31) && d.sizes[0] < (int64_t{1} << 31) &&
                     d.sizes[1] < (int64_t{1} << 31), "copy_rows: a row dim is too large");
+    if (inner_bytes == 0 || d.sizes[0] == 0 || d.sizes[1] == 0) continue;
     int64_t granule = 16;
     for (int64_t v : {inner_bytes, d.strides[0], d.strides[1], d.strides[2], s.strides[0], s.strides[1],
                       s.strides[2], static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst.data_ptr())),
                       static_cast<int64_t>(reinterpret_cast<uintptr_t>(src.data_ptr())) }) {
-      granule = gcd64(granule, v);
+      granule = std::gcd(granule, v);
     }
-    if (inner_bytes == 0 || d.sizes[0] == 0 || d.sizes[1] == 0) continue;
     q3tts::RowCopyTask task{};
     task.dst = static_cast<char*>(dst.data_ptr());
     task.src = static_cast<const char*>(src.data_ptr());
