@@ -33,7 +33,9 @@ import torch
 from torch import Tensor
 
 from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig, parse_speech_decoder_config
+from qwen3_tts_native.engine.kernels import ops
 from qwen3_tts_native.engine.model.codec import PASS_FRAMES, CodecStreamState, PreTransformer, SpeechDecoder
+from qwen3_tts_native.engine.runtime.codec_graphs import _gather
 from qwen3_tts_native.engine.snapshot import expected_speech_decoder_tensors
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -423,3 +425,17 @@ def test_consumes_exactly_the_real_checkpoint_tensors() -> None:
     )
     used = sum(t.numel() for t in decoder.state_dict().values())
     assert used == sum(t["parameters"] for t in entries) - unused
+
+
+def test_codec_state_layouts_the_row_copy_kernel_takes(decoder32: SpeechDecoder, codes: Tensor) -> None:
+    """After a pass of a whole 4-frame packet (a CUDA decoder's passes) every state tensor has a layout the
+    codec graphs' row-copy kernel takes (`ops.row_copy_suits`), except the pre_conv's context: a view of
+    the time-major codebook embeddings, its last dim strided, which the scatter leaves to torch (run 57's
+    profile). The device test `test_codec_state_tensors_but_one_suit_the_row_copy_kernel` checks the same
+    on CUDA's own layouts."""
+    state = _gather(decoder32.new_stream_state(2), torch.tensor([1]))
+    with torch.no_grad():
+        decoder32(codes[..., :4], state, compact=False)
+    unsuited = [name for name, t in state.history.items() if not ops.row_copy_suits(t)]
+    assert unsuited == ["pre_conv"]
+    assert all(ops.row_copy_suits(t) for t in [state.position, *state.kv])

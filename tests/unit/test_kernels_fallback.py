@@ -348,38 +348,6 @@ def test_codec_pool_gather_scatter_equals_separate_streams(
             torch.testing.assert_close(batched[row], decoder(codes[row : row + 1], alone[row])[0])
 
 
-def test_codec_state_layouts_the_row_copy_kernel_takes(tiny_voice_design_config: VoiceDesignConfig) -> None:
-    """After a pass of a whole 4-frame packet (a CUDA decoder's passes) every state tensor has a layout the
-    codec graphs' row-copy kernel takes (`ops.row_copy_suits`), except the pre_conv's context: a view of
-    the time-major codebook embeddings, its last dim strided, which the scatter leaves to torch (run 57's
-    profile). The device test `test_codec_state_tensors_but_one_suit_the_row_copy_kernel` checks the same
-    on CUDA's own layouts."""
-    from qwen3_tts_native.engine.model.codec import PASS_FRAMES, SpeechDecoder
-    from qwen3_tts_native.engine.runtime.codec_graphs import _gather
-    from qwen3_tts_native.engine.snapshot import expected_speech_decoder_tensors
-
-    config = tiny_voice_design_config.speech_decoder
-    g = torch.Generator().manual_seed(6)
-    tensors = {
-        name: torch.rand(shape, generator=g) + 0.5
-        if name.endswith("cluster_usage")
-        else torch.randn(shape, generator=g)
-        for name, (shape, _dtype) in expected_speech_decoder_tensors(config).items()
-    }
-    decoder = SpeechDecoder.from_tensors(config, tensors)
-    decoder.pass_frames = PASS_FRAMES
-    state = _gather(decoder.new_stream_state(2), torch.tensor([1]))
-    with torch.no_grad():
-        decoder(
-            torch.randint(0, config.codebook_size, (1, config.num_quantizers, 4), generator=g),
-            state,
-            compact=False,
-        )
-    unsuited = [name for name, t in state.history.items() if not ops.row_copy_suits(t)]
-    assert unsuited == ["pre_conv"]
-    assert all(ops.row_copy_suits(t) for t in [state.position, *state.kv])
-
-
 def test_session_uniform_blocks_equal_frame_by_frame_draws() -> None:
     """Uniforms drawn in blocks are the generator's frame-by-frame stream (seeded codes are unchanged)."""
     from qwen3_tts_native.engine.runtime.session import UNIFORM_BLOCK_FRAMES, Session
