@@ -6,11 +6,15 @@
 # Make a tree (links resolved; the carry limit is 64 MiB, about 4 MiB a tree):
 #   git archive <rev> pyproject.toml qwen3_tts_native engine evidence release schemas tests benchmarks/device \
 #     | tar -x -C /tmp/t && mkdir .whl/tree-<name> && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
-# Usage: TREES="attn sampler" [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
+# CODEC_TREES also times those trees' codec packets against the checkout's (codec_packet_time.py, waveforms
+# compared); PARITY_TREES runs those trees' graph parity tests (tests/device/test_graph_parity.py, full snapshot).
+# Usage: TREES="attn sampler" [CODEC_TREES="attn"] [PARITY_TREES="attn"] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 TREES=${TREES:?name the trees under .whl/tree-<name>}
+CODEC_TREES=${CODEC_TREES:-}
+PARITY_TREES=${PARITY_TREES:-}
 OUT=${OUT:-$PWD/out}
 WORK=${QWEN3_TTS_WORK:-/tmp/q3tts}
 ROOT=$PWD
@@ -40,6 +44,12 @@ for name in $TREES; do
       tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py -p no:cacheprovider 2>&1 | tail -6 )
 done
 
+for name in $PARITY_TREES; do
+  echo "=== tests/device graph parity: $name ($(left)s left)"
+  ( cd "$(tree_path "$name")" && PYTHONPATH=$PWD:/tmp/site_common QWEN3_TTS_DEVICE_SNAPSHOT=$SNAPSHOT timeout "$(cap 150)" \
+      python3 -m pytest -q tests/device/test_graph_parity.py -p no:cacheprovider 2>&1 | tail -6 )
+done
+
 for name in checkout $TREES; do
   echo "=== frame_time: $name ($(left)s left)"
   ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
@@ -49,5 +59,16 @@ for name in $TREES; do
   echo "=== $name against the checkout"
   ( cd "$ROOT/benchmarks/device" && python3 frame_time.py --compare "$RESULTS" checkout "$name" )
 done
+if [ -n "$CODEC_TREES" ]; then
+  for name in checkout $CODEC_TREES; do
+    echo "=== codec_packet_time: $name ($(left)s left)"
+    ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 90)" \
+        python3 codec_packet_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$name" 2>&1 | tail -3 )
+  done
+  for name in $CODEC_TREES; do
+    echo "=== $name's codec packets against the checkout's"
+    ( cd "$ROOT/benchmarks/device" && python3 codec_packet_time.py --compare "$RESULTS" checkout "$name" )
+  done
+fi
 cp -f "$RESULTS"/*.json "$OUT"/ 2>/dev/null
 echo "=== done ($(left)s left)"
