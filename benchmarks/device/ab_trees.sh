@@ -8,7 +8,8 @@
 #     | tar -x -C /tmp/t && mkdir .whl/tree-<name> && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
 # CODEC_TREES also times those trees' codec packets against the checkout's (codec_packet_time.py, waveforms
 # compared); PARITY_TREES runs those trees' graph parity tests (tests/device/test_graph_parity.py, full snapshot).
-# Usage: TREES="attn sampler" [CODEC_TREES="attn"] [PARITY_TREES="attn"] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
+# RUNS: frame_time's timed single-stream requests per mode (default 3).
+# Usage: TREES="attn sampler" [RUNS=3] [CODEC_TREES="attn"] [PARITY_TREES="attn"] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
@@ -53,7 +54,7 @@ done
 for name in checkout $TREES; do
   echo "=== frame_time: $name ($(left)s left)"
   ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
-      python3 frame_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$name" 2>&1 | tail -4 )
+      python3 frame_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$name" --runs "${RUNS:-3}" 2>&1 | tail -4 )
 done
 for name in $TREES; do
   echo "=== $name against the checkout"

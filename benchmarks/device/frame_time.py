@@ -16,8 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-RUNS = 3
-
 
 def measure(args: argparse.Namespace) -> int:
     import torch
@@ -32,7 +30,7 @@ def measure(args: argparse.Namespace) -> int:
         engine = load_timing_engine(timing_model, mode, 64)
         figures = {f"frame_replay_{streams}_ms": frame_replay_ms(engine, streams) for streams in (1, 64)}
         measure_single(engine, 64, 1)
-        single = measure_single(engine, 64, RUNS)
+        single = measure_single(engine, 64, args.runs)
         figures["single_stream_rtf"] = single["rtf"]["median"]
         figures["frame_loop_rtf"] = single["frame_loop_rtf"]["median"]
         result["modes"][mode] = figures
@@ -53,6 +51,7 @@ def main() -> int:
 
     parser = measurement_parser(__doc__)
     parser.add_argument("--tag", required=True, help="names the JSON written")
+    parser.add_argument("--runs", type=int, default=3, help="timed single-stream requests (median taken)")
     return measure(parser.parse_args())
 
 

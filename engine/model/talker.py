@@ -139,36 +139,41 @@ class Talker(nn.Module):
         if not plan.text_ids:
             raise ValueError("the prompt plan has no text tokens")
         cfg, tc = self.config, self.config.talker
-        device = self.codec_embedding.device
-
-        def ids(values: list[int]) -> Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        tts_bos, tts_eos, tts_pad = self.text_embed(
-            ids([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
-        )
         if plan.language_id is None:
             tags = [tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id]
         else:
             tags = [tc.codec_think_id, tc.codec_think_bos_id, plan.language_id, tc.codec_think_eos_id]
-        codec_prefix = self.codec_embed(ids([*tags, tc.codec_pad_id]))
+        pieces = [
+            [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id],
+            [*tags, tc.codec_pad_id, tc.codec_bos_id],
+            plan.instruct_ids,
+            plan.role_ids,
+            plan.text_ids,
+        ]
+        # All ids in one copy, from pinned memory on CUDA: a pageable copy waits for the work queued on the
+        # stream (other sessions' frames, in a server), and a copy per segment would wait each time.
+        host = torch.tensor([i for piece in pieces for i in piece], dtype=torch.long)
+        device = self.codec_embedding.device
+        ids = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+        specials, codec_ids, instruct_ids, role_ids, text_ids = ids.split([len(p) for p in pieces])
+        tts_bos, tts_eos, tts_pad = self.text_embed(specials)
+        codec = self.codec_embed(codec_ids)  # tags, codec_pad, codec_bos
+        codec_prefix, pad, bos = codec[:-1], codec[-2:-1], codec[-1:]
         text_side = torch.cat([tts_pad.expand(len(tags), -1), tts_bos.unsqueeze(0)])
         segments = []
         if plan.instruct_ids:
-            segments.append(self.text_embed(ids(plan.instruct_ids)))
-        segments.append(self.text_embed(ids(plan.role_ids)))
+            segments.append(self.text_embed(instruct_ids))
+        segments.append(self.text_embed(role_ids))
         segments.append(text_side + codec_prefix)
         if plan.text_mode == "non_streaming":
-            text = self.text_embed(ids(plan.text_ids))
-            pad = self.codec_embed(ids([tc.codec_pad_id]))
-            bos = self.codec_embed(ids([tc.codec_bos_id]))
+            text = self.text_embed(text_ids)
             segments.append(torch.cat([text, tts_eos.unsqueeze(0)]) + pad)
             segments.append(tts_pad.unsqueeze(0) + bos)
             trailing = text.new_zeros((0, text.shape[1]))
         else:
-            first = self.text_embed(ids(plan.text_ids[:1]))
-            segments.append(first + self.codec_embed(ids([tc.codec_bos_id])))
-            rest = self.text_embed(ids(plan.text_ids[1:])) if len(plan.text_ids) > 1 else first[:0]
+            first = self.text_embed(text_ids[:1])
+            segments.append(first + bos)
+            rest = self.text_embed(text_ids[1:]) if len(plan.text_ids) > 1 else first[:0]
             trailing = torch.cat([rest, tts_eos.unsqueeze(0)])
         return torch.cat(segments), trailing, tts_pad
 

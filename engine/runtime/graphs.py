@@ -66,11 +66,12 @@ PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
 on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
 for 8192 rows over 4096 positions of the real model)."""
-PROMPT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256)
+PROMPT_BUCKETS: tuple[int, ...] = tuple(range(32, 257, 32))
 """Row counts a prompt pass is padded to, each with a captured graph: run eagerly, a pass is ~280 kernel
 launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's
-time to first audio. A pass of more rows runs eagerly, unpadded. The largest bucket bounds what the graphs
-add to the footprint (the attention workspace grows as rows x context)."""
+time to first audio. Steps of 32 rows: a padding row costs what a prompt row does (the bench's 152-token
+prompt ran 256 rows with powers of two). A pass of more rows runs eagerly, unpadded. The largest bucket
+bounds what the graphs add to the footprint (the attention workspace grows as rows x context)."""
 
 
 def prompt_pass_rows(rows: int) -> int:

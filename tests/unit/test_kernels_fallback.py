@@ -365,7 +365,7 @@ def test_session_uniform_blocks_equal_frame_by_frame_draws() -> None:
 def test_prompt_passes_are_padded_with_their_last_token() -> None:
     """A prompt pass runs its bucket's row count (so an eager pass and its graph compute the same
     products); the padding rows repeat the last prompt's last token, so they write only what it writes."""
-    assert [graphs.prompt_pass_rows(n) for n in (1, 32, 33, 256, 257)] == [32, 32, 64, 256, 257]
+    assert [graphs.prompt_pass_rows(n) for n in (1, 32, 33, 152, 256, 257)] == [32, 32, 64, 160, 256, 257]
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g)]
     rows, ends = graphs.PromptRows.of(prompts, torch.tensor([2, 0]), 32)
