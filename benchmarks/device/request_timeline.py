@@ -1,7 +1,9 @@
 """Where one solo request's wall time goes, in the order it happens: host work before the first GPU op, the
 prompt pass and frame 0, the first packet, the frames with the codec beside them, and the tail after the
 last frame; with the GPU's idle gaps and the prefill window's top kernels and host ops. From a torch profiler
-trace of one warm `synthesize` of 64 frames (the bench's single-stream request), per mode.
+trace of one warm `synthesize` of 64 frames (the bench's single-stream request), per mode. Before it,
+unprofiled requests with Python's garbage collector on and off, alternating (medians): the wall time and the
+longest wait between two packets, where a host stall would show.
 
 Why: exact's single-stream RTF (0.0406, run 57) is 208 ms for 64 frames, of which the frames' replays are
 ~179 ms. What the other ~29 ms are (prefill, the synchronous first and last packets, the codec's slowing of
@@ -12,7 +14,10 @@ Usage: python benchmarks/device/request_timeline.py --model SNAPSHOT --out DIR
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -24,13 +29,14 @@ from common import load_timing_engine, measurement_parser, modes_result
 from lockstep_timeline import Interval, device_intervals, union_us
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
+from qwen3_tts_native.commands.bench import make_request, measure_ttfa, zero_eos_copy
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 FRAMES = 64
 REQUEST = "request_timeline.request"
 PACKET = "request_timeline.packet"
 GAP_US = 20.0
+ROUNDS = 8
 
 
 def gaps(intervals: list[Interval], start: float, end: float) -> list[Interval]:
@@ -123,6 +129,25 @@ def timeline(path: Path) -> dict[str, Any]:
     }
 
 
+def unprofiled_request(engine: VoiceDesignEngine, seed: int, collect_garbage: bool) -> dict[str, float]:
+    """One request's wall time and its longest wait between two packets (a host stall shows there), with
+    Python's garbage collector on or off."""
+    torch.cuda.synchronize()
+    if not collect_garbage:
+        gc.disable()
+    try:
+        begin = time.perf_counter()
+        arrivals = [time.perf_counter() for _ in engine.synthesize(make_request(FRAMES, seed=seed))]
+    finally:
+        gc.enable()
+    intervals = [b - a for a, b in itertools.pairwise(arrivals)]
+    return {
+        "request_ms": (arrivals[-1] - begin) * 1e3,
+        "longest_packet_interval_ms": max(intervals) * 1e3,
+        "median_packet_interval_ms": statistics.median(intervals) * 1e3,
+    }
+
+
 def main() -> int:
     parser = measurement_parser(__doc__)
     args = parser.parse_args()
@@ -131,16 +156,23 @@ def main() -> int:
     result = modes_result()
     for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, 1)
-        walls = []
-        for seed in range(4):
-            begin = time.perf_counter()
-            for _ in engine.synthesize(make_request(FRAMES, seed=seed)):
-                pass
-            walls.append(time.perf_counter() - begin)
+        unprofiled_request(engine, 0, True)
+        runs: dict[str, list[dict[str, float]]] = {"gc_on": [], "gc_off": []}
+        for seed in range(ROUNDS):  # alternating, so drift touches both alike
+            runs["gc_on"].append(unprofiled_request(engine, seed, True))
+            runs["gc_off"].append(unprofiled_request(engine, seed, False))
+        unprofiled = {
+            name: {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]}
+            for name, rows in runs.items()
+        }
         with tempfile.TemporaryDirectory() as tmp:
             trace = Path(tmp) / "trace.json"
             trace_request(engine, 9, trace)
-            figures = {"unprofiled_request_ms": [round(w * 1e3, 2) for w in walls[1:]], **timeline(trace)}
+            figures = {
+                "unprofiled_medians": unprofiled,
+                "ttfa_ms": measure_ttfa(engine, 10),
+                **timeline(trace),
+            }
         result["modes"][mode] = figures
         print(mode, json.dumps(figures, indent=1), flush=True)
         del engine
