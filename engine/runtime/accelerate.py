@@ -66,7 +66,7 @@ def accelerate(
 
     if capture:
         template, text = _template(engine)
-        backend.capture_all(engine.cache, template, text)
+        backend.capture_all(engine.cache, engine.slot_state, template, text)
         if codec is not None:
             codec.capture_all()
         torch.cuda.synchronize(engine.device)

@@ -47,7 +47,7 @@ from .modes import Mode, resolve_mode
 from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
 from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import UNIFORM_BLOCK_FRAMES, Session
-from .step import UNIFORMS_PER_FRAME, EagerFrameBackend, FrameBackend, FrameRows
+from .step import EagerFrameBackend, FrameBackend, SlotState
 from .transfer import upload
 
 
@@ -107,20 +107,16 @@ class VoiceDesignEngine:
         """KV pool: slots 0..max_sessions-1 belong to sessions; `scratch_slots` more (the graphs' padding
         rows) are allocated up front when the engine will be accelerated, so installing them reallocates
         nothing."""
-        tc = config.talker
-        self._cb0_history = torch.zeros(max_sessions, tc.vocab_size, dtype=torch.bool, device=self.device)
-        """Per slot: every cb0 of its session so far (cleared when a session opens on the slot)."""
-        self._last_codes = torch.zeros(
-            max_sessions, tc.num_code_groups, dtype=torch.int64, device=self.device
+        self.slot_state = SlotState.zeros(
+            max_sessions + scratch_slots,
+            max_sessions * UNIFORM_BLOCK_FRAMES,
+            config.talker.vocab_size,
+            self.device,
         )
-        """Per slot: its session's last frame, the input of the session's next step."""
-        self._uniforms = torch.zeros(
-            max_sessions * UNIFORM_BLOCK_FRAMES, UNIFORMS_PER_FRAME, dtype=torch.float64, device=self.device
-        )
-        """Per slot, `UNIFORM_BLOCK_FRAMES` rows: its session's uniforms for the frames of the current block
+        """Per KV slot: its session's last frame and cb0 history (cleared when a session opens on the
+        slot); per session slot, `UNIFORM_BLOCK_FRAMES` rows of uniforms for the frames of its current block
         (frame f at row slot * UNIFORM_BLOCK_FRAMES + f % UNIFORM_BLOCK_FRAMES), refilled when f reaches a
         new block."""
-        self._true = torch.ones((), dtype=torch.bool, device=self.device)
         self._sampling: tuple[tuple[Session, ...], SamplingRows, SamplingRows] | None = None
         """The last batch's sessions and their concatenated (talker, predictor) sampling rows."""
         self._free_slots = list(range(max_sessions))
@@ -230,7 +226,7 @@ class VoiceDesignEngine:
         try:
             if self.codec_backend is not None:
                 self.codec_backend.reset(slot)
-            self._cb0_history[slot].zero_()
+            self.slot_state.cb0_history[slot].zero_()
         except BaseException:
             self._free_slots.insert(0, slot)
             raise
@@ -263,20 +259,21 @@ class VoiceDesignEngine:
         for session in sessions:
             if session.released or session.prompt is None:
                 raise EngineError("prefill needs fresh sessions")
-        meta = torch.tensor(
-            [[s.slot for s in sessions], [0] * len(sessions), [self._uniform_index(s) for s in sessions]],
-            dtype=torch.int64,
-        )
-        slots, frames_generated, uniform_rows = upload(meta, self.device)
+        index = self._step_index(sessions, [0] * len(sessions))
         prompts = [s.prompt for s in sessions if s.prompt is not None]
-        rows = self._rows(sessions, slots, frames_generated, uniform_rows)
         codes = self.frame_backend.prefill_frames(
-            self.talker, self.predictor, self.cache, prompts, slots, rows
+            self.talker,
+            self.predictor,
+            self.cache,
+            self.slot_state,
+            index,
+            prompts,
+            self._batch_sampling(sessions),
         )
         for session in sessions:
             session.position = session.prompt_length
             session.prompt = None
-        return self._all(self.collect_step(self._launched(sessions, slots, codes)))
+        return self._all(self.collect_step(self._launched(sessions, codes)))
 
     def step(self, sessions: list[Session]) -> list[FrameResult]:
         """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each.
@@ -314,7 +311,8 @@ class VoiceDesignEngine:
         is launched only below `max_frames`, whose positions `open_session` checked.
         """
         if not sessions:
-            return PendingStep((), (), torch.empty(0, self._last_codes.shape[1], dtype=torch.int64), None)
+            groups = self.slot_state.last_codes.shape[1]
+            return PendingStep((), (), torch.empty(0, groups, dtype=torch.int64), None)
         self._check_distinct(sessions)
         for session in sessions:
             if not self.can_launch(session):
@@ -322,26 +320,19 @@ class VoiceDesignEngine:
                     "launch_step needs prefilled, unreleased sessions that have not ended and have frames "
                     "left to launch"
                 )
-        # One host-to-device copy for the per-row integers.
-        meta = torch.tensor(
-            [
-                [s.position for s in sessions],
-                [s.slot for s in sessions],
-                [s.frames_launched for s in sessions],
-                [self._uniform_index(s) for s in sessions],
-            ],
-            dtype=torch.int64,
-        )
-        positions, slots, frames_generated, uniform_rows = upload(meta, self.device)
-        text = torch.stack([s.text_element() for s in sessions])
-        rows = self._rows(sessions, slots, frames_generated, uniform_rows)
-        previous = self._last_codes.index_select(0, slots)
+        index = self._step_index(sessions, [s.position for s in sessions])
         codes = self.frame_backend.decode_frames(
-            self.talker, self.predictor, self.cache, previous, text, positions, slots, rows
+            self.talker,
+            self.predictor,
+            self.cache,
+            self.slot_state,
+            index,
+            [s.text_element() for s in sessions],
+            self._batch_sampling(sessions),
         )
         for session in sessions:
             session.position += 1
-        return self._launched(sessions, slots, codes)
+        return self._launched(sessions, codes)
 
     def collect_step(self, pending: PendingStep) -> list[FrameResult | None]:
         """Wait for a launched batch's codes and build its results, in launch order per session.
@@ -551,17 +542,31 @@ class VoiceDesignEngine:
             raise EngineError("a session appears twice in one batch")
 
     def _uniform_index(self, session: Session) -> int:
-        """The row of `_uniforms` holding the uniforms of the session's next frame to launch (a new block is
-        drawn from its generator first when that frame starts one, so blocks are drawn in launch order)."""
+        """The row of `slot_state.uniforms` holding the uniforms of the session's next frame to launch (a
+        new block is drawn from its generator first when that frame starts one, so blocks are drawn in
+        launch order)."""
         block, frame = UNIFORM_BLOCK_FRAMES, session.frames_launched
         start = session.slot * block
         if frame % block == 0:
-            self._uniforms[start : start + block].copy_(upload(session.draw_uniform_block(), self.device))
+            uniforms = self.slot_state.uniforms[start : start + block]
+            uniforms.copy_(upload(session.draw_uniform_block(), self.device))
         return start + frame % block
 
-    def _rows(
-        self, sessions: list[Session], slots: Tensor, frames_generated: Tensor, uniform_rows: Tensor
-    ) -> FrameRows:
+    def _step_index(self, sessions: list[Session], positions: list[int]) -> Tensor:
+        """The batch's `StepIndex` rows on the host: positions, slots, frames generated, uniform rows."""
+        return torch.tensor(
+            [
+                positions,
+                [s.slot for s in sessions],
+                [s.frames_launched for s in sessions],
+                [self._uniform_index(s) for s in sessions],
+            ],
+            dtype=torch.int64,
+        )
+
+    def _batch_sampling(self, sessions: list[Session]) -> tuple[SamplingRows, SamplingRows]:
+        """The batch's talker and predictor sampling rows, the same objects while the batch stays the same
+        (a graph backend copies them only when they change)."""
         key = tuple(sessions)
         if self._sampling is None or self._sampling[0] != key:  # Session compares by identity
             self._sampling = (
@@ -569,25 +574,11 @@ class VoiceDesignEngine:
                 SamplingRows.cat([s.talker_sampling for s in sessions]),
                 SamplingRows.cat([s.predictor_sampling for s in sessions]),
             )
-        return FrameRows(
-            uniforms=self._uniforms.index_select(0, uniform_rows),
-            cb0_history=self._cb0_history.index_select(0, slots),
-            frames_generated=frames_generated,
-            talker_sampling=self._sampling[1],
-            predictor_sampling=self._sampling[2],
-        )
+        return self._sampling[1], self._sampling[2]
 
-    def _launched(self, sessions: list[Session], slots: Tensor, codes: Tensor) -> PendingStep:
-        """Record the batch's new frames codes [B, 16] (each row's cb0 into its slot's history and its
-        codes as the slot's last frame) and start their copy to the host, all enqueued; count the frames
-        as launched.
-
-        Rows that will turn out to be EOS are recorded too (their session ends, and the next session opened
-        on the slot clears its history), so the two updates are one device op each, with no host round trip
-        first.
-        """
-        self._cb0_history.index_put_((slots, codes[:, 0]), self._true)
-        self._last_codes.index_copy_(0, slots, codes)
+    def _launched(self, sessions: list[Session], codes: Tensor) -> PendingStep:
+        """Start the copy of the batch's new frames codes [B, 16] (recorded in `slot_state` by the backend)
+        to the host, enqueued; count the frames as launched."""
         cuda = self.device.type == "cuda"
         # A copy on CPU too: `codes` may be the backend's buffer, which its next call overwrites.
         host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=cuda)

@@ -54,8 +54,8 @@ from ..model.talker import Talker
 from . import step
 from .modes import EXACT, Mode
 from .sampling import SamplingRows
-from .step import FrameRows
-from .transfer import upload
+from .step import FrameRows, SlotState, StepIndex
+from .transfer import upload, upload_into
 
 if TYPE_CHECKING:
     from .engine import VoiceDesignEngine
@@ -604,6 +604,23 @@ class KernelFrame:
         hidden = self.talker_hidden(embeds, positions, slots, cache, distinct_slots=True)
         return self.complete_frames(hidden, rows)
 
+    def decode_step(
+        self,
+        cache: KVCache,
+        state: SlotState,
+        index: StepIndex,
+        text: Tensor,
+        sampling: tuple[SamplingRows, SamplingRows],
+    ) -> Tensor:
+        """`decode_frames` on inputs gathered from `state`, its codes recorded there: what a decode graph
+        captures, so a replay needs no host op around it but the index's upload and the text rows."""
+        rows = state.frame_rows(index, sampling)
+        codes = self.decode_frames(
+            cache, state.previous_codes(index), text, index.positions, index.slots, rows
+        )
+        state.record(index, codes)
+        return codes
+
 
 class KernelFrameBackend:
     """`KernelFrame` run eagerly, without graphs: the computation a `GraphFrameBackend` replays, against
@@ -619,24 +636,29 @@ class KernelFrameBackend:
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
-        previous_codes: Tensor,
-        text: Tensor,
-        positions: Tensor,
-        slots: Tensor,
-        rows: FrameRows,
+        state: SlotState,
+        index: Tensor,
+        text: list[Tensor],
+        sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
-        return self.frame.decode_frames(cache, previous_codes, text, positions, slots, rows)
+        rows = StepIndex(upload(index, cache.k.device))
+        return self.frame.decode_step(cache, state, rows, torch.stack(text), sampling)
 
     def prefill_frames(
         self,
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
+        state: SlotState,
+        index: Tensor,
         prompts: list[Tensor],
-        slots: Tensor,
-        rows: FrameRows,
+        sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
-        return self.frame.complete_frames(self.frame.prefill_hidden_many(prompts, slots, cache), rows)
+        rows = StepIndex(upload(index, cache.k.device))
+        hidden = self.frame.prefill_hidden_many(prompts, rows.slots, cache)
+        codes = self.frame.complete_frames(hidden, state.frame_rows(rows, sampling))
+        state.record(rows, codes)
+        return codes
 
 
 def _sampling_like(rows: SamplingRows, batch: int) -> SamplingRows:
@@ -655,31 +677,65 @@ def _copy_sampling(dst: SamplingRows, src: SamplingRows, n: int) -> None:
 
 
 @dataclass
-class _Static:
-    """One bucket's input buffers, its graph and its output.
+class _DecodeStatic:
+    """One bucket's decode inputs, its graph and its output.
 
-    A call fills rows [:n]; rows [n:] are padding. A padded row must run on the scratch slot at position 0,
-    so those two inputs are reset for it; its other inputs only have to be valid values, and keep what the
-    last call that used the row (or the allocation) put there: their outputs are dropped. The sampling rows
-    are copied only when the batch's sessions change (`sampling` holds the objects last copied; the engine
-    reuses them while its batch stays the same, and never changes their values).
+    A call fills columns/rows [:n]; the others are padding rows, which run on the scratch slot at position 0
+    (they gather uniform row 0 and the scratch slot's codes and history, and record into the scratch slot),
+    so they never touch a live session. The sampling rows are copied only when the batch's sessions change
+    (`loaded` holds the objects last copied; the engine reuses them while its batch stays the same, and
+    never changes their values).
     """
 
+    index: Tensor  # [StepIndex.ROWS, bucket] int64
+    text: Tensor  # [bucket, H]
+    talker_sampling: SamplingRows
+    predictor_sampling: SamplingRows
+    scratch: int
+    graph: torch.cuda.CUDAGraph | None = None
+    out: Tensor | None = None
+    loaded: tuple[SamplingRows, SamplingRows] | None = None
+
+    @classmethod
+    def allocate(cls, batch: int, template: SamplingRows, like: Tensor, scratch: int) -> _DecodeStatic:
+        index = torch.zeros(StepIndex.ROWS, batch, dtype=torch.int64, device=like.device)
+        index[1].fill_(scratch)
+        return cls(
+            index=index,
+            text=like.new_zeros(batch, like.shape[-1]),
+            talker_sampling=_sampling_like(template, batch),
+            predictor_sampling=_sampling_like(template, batch),
+            scratch=scratch,
+        )
+
+    def load(self, index: Tensor, text: list[Tensor], sampling: tuple[SamplingRows, SamplingRows]) -> None:
+        """The batch's host index [4, n] (one upload, with the padding columns), text and sampling rows."""
+        n = index.shape[1]
+        table = torch.zeros(self.index.shape, dtype=torch.int64)
+        table[:, :n] = index
+        table[1, n:] = self.scratch
+        upload_into(self.index, table)
+        torch.stack(text, out=self.text[:n])
+        if self.loaded is None or self.loaded[0] is not sampling[0] or self.loaded[1] is not sampling[1]:
+            _copy_sampling(self.talker_sampling, sampling[0], n)
+            _copy_sampling(self.predictor_sampling, sampling[1], n)
+            self.loaded = sampling
+
+
+@dataclass
+class _CompleteStatic:
+    """One bucket's complete-frames inputs (hidden and rows [:n]; the other rows keep valid values and their
+    outputs are dropped), its graph and its output. Sampling rows are copied as `_DecodeStatic`'s are."""
+
     rows: FrameRows
-    previous_codes: Tensor
-    text: Tensor
-    positions: Tensor
-    slots: Tensor
     hidden: Tensor
     graph: torch.cuda.CUDAGraph | None = None
     out: Tensor | None = None
-    sampling: tuple[SamplingRows, SamplingRows] | None = None
+    loaded: tuple[SamplingRows, SamplingRows] | None = None
 
     @classmethod
-    def allocate(
-        cls, batch: int, template: FrameRows, hidden_size: int, dtype: torch.dtype, scratch: int
-    ) -> _Static:
-        device = template.uniforms.device
+    def allocate(cls, batch: int, template: FrameRows, like: Tensor) -> _CompleteStatic:
+        device = like.device
         rows = FrameRows(
             uniforms=torch.full((batch, step.UNIFORMS_PER_FRAME), 0.5, dtype=torch.float64, device=device),
             cb0_history=torch.zeros(batch, template.cb0_history.shape[1], dtype=torch.bool, device=device),
@@ -687,41 +743,20 @@ class _Static:
             talker_sampling=_sampling_like(template.talker_sampling, batch),
             predictor_sampling=_sampling_like(template.predictor_sampling, batch),
         )
-        return cls(
-            rows=rows,
-            previous_codes=torch.zeros(batch, step.UNIFORMS_PER_FRAME, dtype=torch.int64, device=device),
-            text=torch.zeros(batch, hidden_size, dtype=dtype, device=device),
-            positions=torch.zeros(batch, dtype=torch.int64, device=device),
-            slots=torch.full((batch,), scratch, dtype=torch.int64, device=device),
-            hidden=torch.zeros(batch, hidden_size, dtype=dtype, device=device),
-        )
+        return cls(rows=rows, hidden=like.new_zeros(batch, like.shape[-1]))
 
-    def load_rows(self, rows: FrameRows, n: int) -> None:
+    def load(self, hidden: Tensor, rows: FrameRows) -> None:
+        n = hidden.shape[0]
         mine = self.rows
+        self.hidden[:n].copy_(hidden)
         mine.uniforms[:n].copy_(rows.uniforms)
         mine.cb0_history[:n].copy_(rows.cb0_history)
         mine.frames_generated[:n].copy_(rows.frames_generated)
-        loaded = self.sampling
-        if (
-            loaded is None
-            or loaded[0] is not rows.talker_sampling
-            or loaded[1] is not rows.predictor_sampling
-        ):
-            _copy_sampling(mine.talker_sampling, rows.talker_sampling, n)
-            _copy_sampling(mine.predictor_sampling, rows.predictor_sampling, n)
-            self.sampling = (rows.talker_sampling, rows.predictor_sampling)
-
-    def load_step(
-        self, previous: Tensor, text: Tensor, positions: Tensor, slots: Tensor, scratch: int
-    ) -> None:
-        n = previous.shape[0]
-        self.previous_codes[:n].copy_(previous)
-        self.text[:n].copy_(text)
-        self.positions[:n].copy_(positions)
-        self.slots[:n].copy_(slots)
-        if n < self.slots.shape[0]:
-            self.positions[n:].zero_()
-            self.slots[n:].fill_(scratch)
+        sampling = (rows.talker_sampling, rows.predictor_sampling)
+        if self.loaded is None or self.loaded[0] is not sampling[0] or self.loaded[1] is not sampling[1]:
+            _copy_sampling(mine.talker_sampling, sampling[0], n)
+            _copy_sampling(mine.predictor_sampling, sampling[1], n)
+            self.loaded = sampling
 
 
 @dataclass
@@ -746,11 +781,12 @@ class GraphFrameBackend:
         self.mode = mode
         self.buckets = tuple(sorted(buckets))
         self.frame = KernelFrame(talker, predictor, mode)
-        self._decode: dict[int, _Static] = {}
-        self._complete: dict[int, _Static] = {}
+        self._decode: dict[int, _DecodeStatic] = {}
+        self._complete: dict[int, _CompleteStatic] = {}
         self._prompt: dict[int, _PromptStatic] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self._cache_ptr: int | None = None
+        self._state: SlotState | None = None
 
     def bucket(self, batch: int) -> int | None:
         return next((b for b in self.buckets if b >= batch), None)
@@ -761,13 +797,12 @@ class GraphFrameBackend:
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
-        previous_codes: Tensor,
-        text: Tensor,
-        positions: Tensor,
-        slots: Tensor,
-        rows: FrameRows,
+        state: SlotState,
+        index: Tensor,
+        text: list[Tensor],
+        sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
-        batch = previous_codes.shape[0]
+        batch = index.shape[1]
         top = self.buckets[-1]
         if batch > top:
             return torch.cat(
@@ -776,18 +811,16 @@ class GraphFrameBackend:
                         talker,
                         predictor,
                         cache,
-                        previous_codes[i : i + top],
+                        state,
+                        index[:, i : i + top],
                         text[i : i + top],
-                        positions[i : i + top],
-                        slots[i : i + top],
-                        _slice_rows(rows, i, i + top),
+                        (_slice_sampling(sampling[0], i, i + top), _slice_sampling(sampling[1], i, i + top)),
                     ).clone()  # the next chunk's replay may overwrite this output
                     for i in range(0, batch, top)
                 ]
             )
-        static = self._decode_static(self._bucket_of(batch), cache, rows, text)
-        static.load_step(previous_codes, text, positions, slots, cache.k.shape[1] - 1)
-        static.load_rows(rows, batch)
+        static = self._decode_static(self._bucket_of(batch), cache, state, sampling[0], text[0])
+        static.load(index, text, sampling)
         assert static.graph is not None and static.out is not None
         static.graph.replay()
         return static.out[:batch]
@@ -797,11 +830,16 @@ class GraphFrameBackend:
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
+        state: SlotState,
+        index: Tensor,
         prompts: list[Tensor],
-        slots: Tensor,
-        rows: FrameRows,
+        sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
-        return self._complete_frames(self._prefill_hidden(prompts, slots, cache), rows)
+        rows = StepIndex(upload(index, cache.k.device))
+        hidden = self._prefill_hidden(prompts, rows.slots, cache)
+        codes = self._complete_frames(hidden, state.frame_rows(rows, sampling))
+        state.record(rows, codes)
+        return codes
 
     def _prefill_hidden(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
         """`KernelFrame.prefill_hidden_many` on the prompt graph of the pass's bucket when the prompts fit the
@@ -830,8 +868,7 @@ class GraphFrameBackend:
                 ]
             )
         static = self._complete_static(self._bucket_of(batch), rows, hidden)
-        static.hidden[:batch].copy_(hidden)
-        static.load_rows(rows, batch)
+        static.load(hidden, rows)
         assert static.graph is not None and static.out is not None
         static.graph.replay()
         return static.out[:batch]
@@ -858,10 +895,10 @@ class GraphFrameBackend:
         return bucket
 
     # Capture ------------------------------------------------------------------------------------------
-    def capture_all(self, cache: KVCache, template: FrameRows, text: Tensor) -> None:
+    def capture_all(self, cache: KVCache, state: SlotState, template: FrameRows, text: Tensor) -> None:
         """Capture every bucket's frame and complete-frames graphs now (server start), not on first use."""
         for bucket in self.buckets:
-            self._decode_static(bucket, cache, template, text)
+            self._decode_static(bucket, cache, state, template.talker_sampling, text[0])
             self._complete_static(bucket, template, text[:1])
         for rows in PROMPT_BUCKETS:
             self._prompt_static(rows, cache, text)
@@ -872,25 +909,32 @@ class GraphFrameBackend:
         elif self._cache_ptr != cache.k.data_ptr():
             raise RuntimeError("the graphs were captured on another KV cache")
 
-    def _decode_static(self, bucket: int, cache: KVCache, template: FrameRows, like: Tensor) -> _Static:
+    def _decode_static(
+        self, bucket: int, cache: KVCache, state: SlotState, template: SamplingRows, like: Tensor
+    ) -> _DecodeStatic:
         self._check_cache(cache)
+        if self._state is None:
+            self._state = state
+        elif self._state is not state:
+            raise RuntimeError("the decode graphs were captured on another slot state")
         static = self._decode.get(bucket)
         if static is None:
-            scratch = cache.k.shape[1] - 1
-            static = _Static.allocate(bucket, template, like.shape[-1], like.dtype, scratch)
+            static = _DecodeStatic.allocate(bucket, template, like, cache.k.shape[1] - 1)
             s, frame = static, self.frame
 
             def run() -> Tensor:
-                return frame.decode_frames(cache, s.previous_codes, s.text, s.positions, s.slots, s.rows)
+                return frame.decode_step(
+                    cache, state, StepIndex(s.index), s.text, (s.talker_sampling, s.predictor_sampling)
+                )
 
             static.graph, static.out = self._capture(run)
             self._decode[bucket] = static
         return static
 
-    def _complete_static(self, bucket: int, template: FrameRows, like: Tensor) -> _Static:
+    def _complete_static(self, bucket: int, template: FrameRows, like: Tensor) -> _CompleteStatic:
         static = self._complete.get(bucket)
         if static is None:
-            static = _Static.allocate(bucket, template, like.shape[-1], like.dtype, 0)
+            static = _CompleteStatic.allocate(bucket, template, like)
             s, frame = static, self.frame
 
             def run() -> Tensor:
@@ -928,22 +972,23 @@ class GraphFrameBackend:
         return graph, out
 
 
-def _slice_rows(rows: FrameRows, start: int, stop: int) -> FrameRows:
-    def cut(s: SamplingRows) -> SamplingRows:
-        return SamplingRows(
-            s.greedy[start:stop],
-            s.temperature[start:stop],
-            s.top_k[start:stop],
-            s.top_p[start:stop],
-            s.repetition_penalty[start:stop],
-        )
+def _slice_sampling(rows: SamplingRows, start: int, stop: int) -> SamplingRows:
+    return SamplingRows(
+        rows.greedy[start:stop],
+        rows.temperature[start:stop],
+        rows.top_k[start:stop],
+        rows.top_p[start:stop],
+        rows.repetition_penalty[start:stop],
+    )
 
+
+def _slice_rows(rows: FrameRows, start: int, stop: int) -> FrameRows:
     return FrameRows(
         rows.uniforms[start:stop],
         rows.cb0_history[start:stop],
         rows.frames_generated[start:stop],
-        cut(rows.talker_sampling),
-        cut(rows.predictor_sampling),
+        _slice_sampling(rows.talker_sampling, start, stop),
+        _slice_sampling(rows.predictor_sampling, start, stop),
     )
 
 
@@ -953,6 +998,7 @@ def install(engine: VoiceDesignEngine, backend: GraphFrameBackend) -> Callable[[
     slots = engine.max_sessions + backend.scratch_slots
     if engine.cache.k.shape[1] < slots:
         engine.cache = engine.talker.new_cache(slots, engine.max_context)
+        engine.slot_state = engine.slot_state.with_slots(slots)
     previous = engine.frame_backend
     engine.frame_backend = backend
 

@@ -21,6 +21,7 @@ from ..model.layers import KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
 from .sampling import SamplingRows, sample_with_uniform, talker_banned_tokens
+from .transfer import upload
 
 UNIFORMS_PER_FRAME = 16
 """Draws per frame, in this order: cb0, then cb1..cb15."""
@@ -39,6 +40,91 @@ class FrameRows:
     frames_generated: Tensor
     talker_sampling: SamplingRows
     predictor_sampling: SamplingRows
+
+
+@dataclass(frozen=True)
+class StepIndex:
+    """A batch's per-row integers, one int64 tensor [4, B] (one upload): the talker position of the row's
+    new token (decode steps), its cache slot, its frames generated so far (the EOS ban), and its row of
+    `SlotState.uniforms`."""
+
+    table: Tensor
+
+    ROWS = 4
+
+    @property
+    def positions(self) -> Tensor:
+        return self.table[0]
+
+    @property
+    def slots(self) -> Tensor:
+        return self.table[1]
+
+    @property
+    def frames_generated(self) -> Tensor:
+        return self.table[2]
+
+    @property
+    def uniform_rows(self) -> Tensor:
+        return self.table[3]
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What a frame reads and records per cache slot, on the frames' device: each slot's last frame's codes
+    [S, 16] (its next step's input), every cb0 drawn on it [S, talker vocab] bool (the repetition penalty's
+    history), and the uniforms of its session's current block of frames (`uniforms`, rows chosen by
+    `StepIndex.uniform_rows`). The engine owns it; the backends gather a batch's rows from it and record
+    the batch's codes into it, so a frame graph does both inside its replay instead of a dozen small host
+    launches around it.
+
+    Every row is recorded, EOS rows too (their session ends; the next session opened on the slot clears its
+    history), so a record is two device ops with no host round trip first.
+    """
+
+    last_codes: Tensor
+    cb0_history: Tensor
+    uniforms: Tensor
+    true: Tensor  # a device scalar, what `record` writes into the history
+
+    @classmethod
+    def zeros(cls, slots: int, uniform_rows: int, vocab: int, device: torch.device) -> SlotState:
+        return cls(
+            last_codes=torch.zeros(slots, UNIFORMS_PER_FRAME, dtype=torch.int64, device=device),
+            cb0_history=torch.zeros(slots, vocab, dtype=torch.bool, device=device),
+            uniforms=torch.zeros(uniform_rows, UNIFORMS_PER_FRAME, dtype=torch.float64, device=device),
+            true=torch.ones((), dtype=torch.bool, device=device),
+        )
+
+    def with_slots(self, slots: int) -> SlotState:
+        """A copy with `slots` rows of codes and history (the first ones copied), e.g. for the scratch slots
+        a graph backend adds to the KV pool."""
+        grown = SlotState.zeros(slots, self.uniforms.shape[0], self.cb0_history.shape[1], self.true.device)
+        kept = min(slots, self.last_codes.shape[0])
+        grown.last_codes[:kept].copy_(self.last_codes[:kept])
+        grown.cb0_history[:kept].copy_(self.cb0_history[:kept])
+        grown.uniforms.copy_(self.uniforms)
+        return grown
+
+    def frame_rows(self, index: StepIndex, sampling: tuple[SamplingRows, SamplingRows]) -> FrameRows:
+        """The sampling rows of the batch `index` (sampling: its talker and predictor rows)."""
+        return FrameRows(
+            uniforms=self.uniforms.index_select(0, index.uniform_rows),
+            cb0_history=self.cb0_history.index_select(0, index.slots),
+            frames_generated=index.frames_generated,
+            talker_sampling=sampling[0],
+            predictor_sampling=sampling[1],
+        )
+
+    def previous_codes(self, index: StepIndex) -> Tensor:
+        """The last frame [B, 16] of each row's slot: a decode step's input."""
+        return self.last_codes.index_select(0, index.slots)
+
+    def record(self, index: StepIndex, codes: Tensor) -> None:
+        """A batch's new frames codes [B, 16]: each row's cb0 into its slot's history, its codes as the
+        slot's last frame."""
+        self.cb0_history.index_put_((index.slots, codes[:, 0]), self.true)
+        self.last_codes.index_copy_(0, index.slots, codes)
 
 
 def complete_frames(talker: Talker, predictor: CodePredictor, hidden: Tensor, rows: FrameRows) -> Tensor:
@@ -111,9 +197,11 @@ def decode_frames(
 class FrameBackend(Protocol):
     """What `VoiceDesignEngine` calls to compute frames; a CUDA-graph backend replaces the eager one.
 
-    scratch_slots: cache slots the backend needs beyond the engine's sessions (the engine never hands
-    them out). The codes both entries return may be a buffer that the backend's next call overwrites (a
-    graph's output): the caller copies what it keeps before calling again.
+    Both entries take the batch's per-row integers as a host tensor [4, B] (`StepIndex`'s rows; a backend
+    uploads them where its frame reads them), gather the rows' inputs from the engine's `SlotState` and
+    record the frames' codes into it. scratch_slots: cache slots the backend needs beyond the engine's
+    sessions (the engine never hands them out). The codes both entries return may be a buffer that the
+    backend's next call overwrites (a graph's output): the caller copies what it keeps before calling again.
     """
 
     scratch_slots: int
@@ -123,27 +211,70 @@ class FrameBackend(Protocol):
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
-        previous_codes: Tensor,
-        text: Tensor,
-        positions: Tensor,
-        slots: Tensor,
-        rows: FrameRows,
-    ) -> Tensor: ...
+        state: SlotState,
+        index: Tensor,
+        text: list[Tensor],
+        sampling: tuple[SamplingRows, SamplingRows],
+    ) -> Tensor:
+        """The next frame of every row: text holds each row's text-stream element [H]."""
+        ...
 
     def prefill_frames(
         self,
         talker: Talker,
         predictor: CodePredictor,
         cache: KVCache,
+        state: SlotState,
+        index: Tensor,
         prompts: list[Tensor],
-        slots: Tensor,
-        rows: FrameRows,
-    ) -> Tensor: ...
+        sampling: tuple[SamplingRows, SamplingRows],
+    ) -> Tensor:
+        """Frame 0 of every row after its prompt (prompts[i] [L_i, H] into slot i's cache)."""
+        ...
 
 
 class EagerFrameBackend:
     """The reference backend: the functions above, run eagerly (CPU, or GPU without graphs)."""
 
     scratch_slots = 0
-    decode_frames = staticmethod(decode_frames)
-    prefill_frames = staticmethod(prefill_frames)
+
+    @staticmethod
+    def decode_frames(
+        talker: Talker,
+        predictor: CodePredictor,
+        cache: KVCache,
+        state: SlotState,
+        index: Tensor,
+        text: list[Tensor],
+        sampling: tuple[SamplingRows, SamplingRows],
+    ) -> Tensor:
+        rows = StepIndex(upload(index, state.true.device))
+        codes = decode_frames(
+            talker,
+            predictor,
+            cache,
+            state.previous_codes(rows),
+            torch.stack(text),
+            rows.positions,
+            rows.slots,
+            state.frame_rows(rows, sampling),
+        )
+        state.record(rows, codes)
+        return codes
+
+    @staticmethod
+    def prefill_frames(
+        talker: Talker,
+        predictor: CodePredictor,
+        cache: KVCache,
+        state: SlotState,
+        index: Tensor,
+        prompts: list[Tensor],
+        sampling: tuple[SamplingRows, SamplingRows],
+    ) -> Tensor:
+        rows = StepIndex(upload(index, state.true.device))
+        codes = prefill_frames(
+            talker, predictor, cache, prompts, rows.slots, state.frame_rows(rows, sampling)
+        )
+        state.record(rows, codes)
+        return codes

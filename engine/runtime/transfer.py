@@ -16,3 +16,11 @@ def upload(host: Tensor, device: torch.device) -> Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def upload_into(target: Tensor, host: Tensor) -> None:
+    """Copy `host` (a CPU tensor) into `target`, without waiting for the stream on CUDA."""
+    if target.device.type != "cuda":
+        target.copy_(host)
+        return
+    target.copy_(host.pin_memory(), non_blocking=True)

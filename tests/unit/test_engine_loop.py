@@ -24,7 +24,7 @@ from qwen3_tts_native.engine.runtime.request import (
 )
 from qwen3_tts_native.engine.runtime.sampling import SamplingRows
 from qwen3_tts_native.engine.runtime.session import Session
-from qwen3_tts_native.engine.runtime.step import FrameRows
+from qwen3_tts_native.engine.runtime.step import StepIndex
 
 ROLE = [151644, 77091, 198]
 
@@ -201,6 +201,7 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     backend.mode, backend.buckets = EXACT, buckets
     backend.frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
     backend._decode, backend._complete, backend._prompt, backend._cache_ptr = {}, {}, {}, None
+    backend._state = None
 
     def capture(run: Any) -> tuple[Any, Tensor]:
         out = run()
@@ -255,21 +256,21 @@ def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
 
 def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
     """Rows a smaller batch leaves in a bucket go back to the scratch slot at position 0, so a padded row
-    never writes into a session's cache (its other inputs may stay stale: its outputs are dropped)."""
-    sampling = SamplingRows.single(greedy=True, temperature=1.0, top_k=0, top_p=1.0)
-    rows = FrameRows(
-        uniforms=torch.zeros(1, 16, dtype=torch.float64),
-        cb0_history=torch.zeros(1, 3072, dtype=torch.bool),
-        frames_generated=torch.zeros(1, dtype=torch.int64),
-        talker_sampling=sampling,
-        predictor_sampling=sampling,
+    never reads or writes a session's slot (its other inputs may stay stale: its outputs are dropped)."""
+    one = SamplingRows.single(greedy=True, temperature=1.0, top_k=0, top_p=1.0)
+    static = graphs._DecodeStatic.allocate(4, one, torch.zeros(8), scratch=9)
+    four = SamplingRows.cat([one] * 4)
+    text = [torch.full((8,), float(i)) for i in range(4)]
+    static.load(
+        torch.tensor([[5, 6, 7, 8], [0, 1, 2, 3], [1, 1, 1, 1], [0, 64, 128, 192]]), text, (four, four)
     )
-    static = graphs._Static.allocate(4, rows, 8, torch.float32, scratch=9)
-    codes, text = torch.ones(4, 16, dtype=torch.int64), torch.ones(4, 8)
-    static.load_step(codes, text, torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 2, 3]), scratch=9)
-    assert static.slots.tolist() == [0, 1, 2, 3] and static.positions.tolist() == [5, 6, 7, 8]
-    static.load_step(codes[:2], text[:2], torch.tensor([1, 2]), torch.tensor([3, 0]), scratch=9)
-    assert static.slots.tolist() == [3, 0, 9, 9] and static.positions.tolist() == [1, 2, 0, 0]
+    index = StepIndex(static.index)
+    assert index.slots.tolist() == [0, 1, 2, 3] and index.positions.tolist() == [5, 6, 7, 8]
+    assert index.uniform_rows.tolist() == [0, 64, 128, 192] and static.text[:, 0].tolist() == [0, 1, 2, 3]
+    two = SamplingRows.cat([one] * 2)
+    static.load(torch.tensor([[1, 2], [3, 0], [2, 2], [193, 1]]), text[2:], (two, two))
+    assert index.slots.tolist() == [3, 0, 9, 9] and index.positions.tolist() == [1, 2, 0, 0]
+    assert index.uniform_rows.tolist() == [193, 1, 0, 0] and index.frames_generated.tolist() == [2, 2, 0, 0]
 
 
 def test_max_frames_ends_with_length(engine: VoiceDesignEngine) -> None:
