@@ -2,9 +2,12 @@
 
 A frame (talker step + cb0 draw + the 15 predictor steps and draws) is captured once per batch-size
 bucket (1, 2, 4, 8, 16, 32, 64) and replayed: one launch per frame instead of ~1,200, and no host
-synchronisation inside it. Every input is a per-row tensor copied into the bucket's static buffers, so
-sessions may sit at different positions (ragged), and padded rows of a partly filled bucket run on the
-cache's scratch slot (the last one) at position 0, so they never touch a live session.
+synchronisation inside it. A step's per-row integers (`step.StepIndex`: positions, slots, frames generated,
+uniform rows) go up in one copy into the bucket's static index and its text rows into a static buffer; the
+graph itself gathers the rows' last codes, cb0 histories and uniforms from the engine's `step.SlotState` and
+records the new codes there, so no other host op surrounds a replay. Sessions may sit at different positions
+(ragged), and padded rows of a partly filled bucket run on the cache's scratch slot (the last one) at
+position 0, so they never touch a live session.
 
 The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fused kernels of
 engine/kernels (ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write, flash-decoding

@@ -8,7 +8,6 @@ next session on its slot starts clean.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -112,34 +111,6 @@ def test_solo_loops_equal_the_step_loop(
             assert packet.pcm == engine.decode_packet(reference, frames), packet.sequence
         engine.release(reference)
     assert ending in reasons and reasons <= {"length", ending}
-    assert engine.free_slots == 4
-
-
-@pytest.mark.parametrize("max_frames", [1, 2, 6])
-def test_the_first_packet_is_decoded_with_frame_1_in_flight(
-    tiny_voice_design_config: VoiceDesignConfig,
-    tiny_tensors: dict[str, Tensor],
-    monkeypatch: pytest.MonkeyPatch,
-    max_frames: int,
-) -> None:
-    """`synthesize` launches frame 1 before it decodes packet 0 (so on CUDA that decode works beside the
-    frame), unless the request has no frame 1; later packets wait for no launch."""
-    config = tiny_voice_design_config
-    decoder = SpeechDecoder.from_tensors(config.speech_decoder, decoder_tensors(config.speech_decoder, 3))
-    engine = make_engine(config, tiny_tensors, decoder=decoder)
-    request = dataclasses.replace(REQUESTS[0], max_frames=max_frames)
-    monkeypatch.setattr(engine, "start_session", lambda r: engine.open_session(r, PLANS[0]))
-    launched_at_decode: list[int] = []
-    decode_packet = engine.decode_packet
-
-    def recording(session: Session, frames: Tensor) -> bytes:
-        launched_at_decode.append(session.frames_launched)
-        return decode_packet(session, frames)
-
-    monkeypatch.setattr(engine, "decode_packet", recording)
-    packets = list(engine.synthesize(request, *PACKETS))
-    assert sum(p.frame_count for p in packets) == max_frames
-    assert launched_at_decode[0] == min(2, max_frames)
     assert engine.free_slots == 4
 
 
