@@ -617,12 +617,13 @@ class KernelFrame:
     ) -> Tensor:
         """`decode_frames` on inputs gathered from `state`, its codes recorded there: what a decode graph
         captures, so a replay needs no host op around it but the index's upload and the text rows."""
-        rows = state.frame_rows(index, sampling)
-        codes = self.decode_frames(
-            cache, state.previous_codes(index), text, index.positions, index.slots, rows
+        previous = state.previous_codes(index)
+        return step.recorded_frames(
+            state,
+            index,
+            sampling,
+            lambda rows: self.decode_frames(cache, previous, text, index.positions, index.slots, rows),
         )
-        state.record(index, codes)
-        return codes
 
 
 class KernelFrameBackend:
@@ -659,9 +660,7 @@ class KernelFrameBackend:
     ) -> Tensor:
         rows = StepIndex(upload(index, cache.k.device))
         hidden = self.frame.prefill_hidden_many(prompts, rows.slots, cache)
-        codes = self.frame.complete_frames(hidden, state.frame_rows(rows, sampling))
-        state.record(rows, codes)
-        return codes
+        return step.recorded_frames(state, rows, sampling, lambda r: self.frame.complete_frames(hidden, r))
 
 
 def _sampling_like(rows: SamplingRows, batch: int) -> SamplingRows:
@@ -674,9 +673,20 @@ def _sampling_like(rows: SamplingRows, batch: int) -> SamplingRows:
     )
 
 
-def _copy_sampling(dst: SamplingRows, src: SamplingRows, n: int) -> None:
-    for name in ("greedy", "temperature", "top_k", "top_p", "repetition_penalty"):
-        getattr(dst, name)[:n].copy_(getattr(src, name))
+def _load_sampling(
+    targets: tuple[SamplingRows, SamplingRows],
+    sampling: tuple[SamplingRows, SamplingRows],
+    loaded: tuple[SamplingRows, SamplingRows] | None,
+    n: int,
+) -> tuple[SamplingRows, SamplingRows]:
+    """Copy a batch's (talker, predictor) sampling rows into a static's first n rows unless they are the
+    objects copied last (`loaded`); returns what the static now holds."""
+    if loaded is not None and loaded[0] is sampling[0] and loaded[1] is sampling[1]:
+        return loaded
+    for target, source in zip(targets, sampling, strict=True):
+        for name in ("greedy", "temperature", "top_k", "top_p", "repetition_penalty"):
+            getattr(target, name)[:n].copy_(getattr(source, name))
+    return sampling
 
 
 @dataclass
@@ -719,10 +729,9 @@ class _DecodeStatic:
         table[1, n:] = self.scratch
         upload_into(self.index, table)
         torch.stack(text, out=self.text[:n])
-        if self.loaded is None or self.loaded[0] is not sampling[0] or self.loaded[1] is not sampling[1]:
-            _copy_sampling(self.talker_sampling, sampling[0], n)
-            _copy_sampling(self.predictor_sampling, sampling[1], n)
-            self.loaded = sampling
+        self.loaded = _load_sampling(
+            (self.talker_sampling, self.predictor_sampling), sampling, self.loaded, n
+        )
 
 
 @dataclass
@@ -756,10 +765,9 @@ class _CompleteStatic:
         mine.cb0_history[:n].copy_(rows.cb0_history)
         mine.frames_generated[:n].copy_(rows.frames_generated)
         sampling = (rows.talker_sampling, rows.predictor_sampling)
-        if self.loaded is None or self.loaded[0] is not sampling[0] or self.loaded[1] is not sampling[1]:
-            _copy_sampling(mine.talker_sampling, sampling[0], n)
-            _copy_sampling(mine.predictor_sampling, sampling[1], n)
-            self.loaded = sampling
+        self.loaded = _load_sampling(
+            (mine.talker_sampling, mine.predictor_sampling), sampling, self.loaded, n
+        )
 
 
 @dataclass
@@ -840,9 +848,7 @@ class GraphFrameBackend:
     ) -> Tensor:
         rows = StepIndex(upload(index, cache.k.device))
         hidden = self._prefill_hidden(prompts, rows.slots, cache)
-        codes = self._complete_frames(hidden, state.frame_rows(rows, sampling))
-        state.record(rows, codes)
-        return codes
+        return step.recorded_frames(state, rows, sampling, lambda r: self._complete_frames(hidden, r))
 
     def _prefill_hidden(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
         """`KernelFrame.prefill_hidden_many` on the prompt graph of the pass's bucket when the prompts fit the

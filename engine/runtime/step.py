@@ -11,6 +11,7 @@ Per frame: the talker's post-norm hidden -> cb0 (uniform 0 of the row) -> the co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -125,6 +126,19 @@ class SlotState:
         slot's last frame."""
         self.cb0_history.index_put_((index.slots, codes[:, 0]), self.true)
         self.last_codes.index_copy_(0, index.slots, codes)
+
+
+def recorded_frames(
+    state: SlotState,
+    index: StepIndex,
+    sampling: tuple[SamplingRows, SamplingRows],
+    frame: Callable[[FrameRows], Tensor],
+) -> Tensor:
+    """`frame` (codes [B, 16] from the batch's sampling rows) on the rows gathered from `state`, its codes
+    recorded there: how every backend (and a decode graph) runs a batch."""
+    codes = frame(state.frame_rows(index, sampling))
+    state.record(index, codes)
+    return codes
 
 
 def complete_frames(talker: Talker, predictor: CodePredictor, hidden: Tensor, rows: FrameRows) -> Tensor:
@@ -249,18 +263,15 @@ class EagerFrameBackend:
         sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
         rows = StepIndex(upload(index, state.true.device))
-        codes = decode_frames(
-            talker,
-            predictor,
-            cache,
-            state.previous_codes(rows),
-            torch.stack(text),
-            rows.positions,
-            rows.slots,
-            state.frame_rows(rows, sampling),
+        previous, embeds = state.previous_codes(rows), torch.stack(text)
+        return recorded_frames(
+            state,
+            rows,
+            sampling,
+            lambda frame_rows: decode_frames(
+                talker, predictor, cache, previous, embeds, rows.positions, rows.slots, frame_rows
+            ),
         )
-        state.record(rows, codes)
-        return codes
 
     @staticmethod
     def prefill_frames(
@@ -273,8 +284,9 @@ class EagerFrameBackend:
         sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
         rows = StepIndex(upload(index, state.true.device))
-        codes = prefill_frames(
-            talker, predictor, cache, prompts, rows.slots, state.frame_rows(rows, sampling)
+        return recorded_frames(
+            state,
+            rows,
+            sampling,
+            lambda frame_rows: prefill_frames(talker, predictor, cache, prompts, rows.slots, frame_rows),
         )
-        state.record(rows, codes)
-        return codes
