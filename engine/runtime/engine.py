@@ -109,8 +109,9 @@ class VoiceDesignEngine:
         nothing."""
         self.slot_state = SlotState.zeros(
             max_sessions + scratch_slots,
-            max_sessions * UNIFORM_BLOCK_FRAMES,
+            config.talker.num_code_groups,
             config.talker.vocab_size,
+            max_sessions * UNIFORM_BLOCK_FRAMES,
             self.device,
         )
         """Per KV slot: its session's last frame and cb0 history (cleared when a session opens on the

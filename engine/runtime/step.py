@@ -51,7 +51,7 @@ class StepIndex:
 
     table: Tensor
 
-    ROWS = 4
+    ROWS = 4  # the table's rows (a class constant, not a field)
 
     @property
     def positions(self) -> Tensor:
@@ -89,9 +89,10 @@ class SlotState:
     true: Tensor  # a device scalar, what `record` writes into the history
 
     @classmethod
-    def zeros(cls, slots: int, uniform_rows: int, vocab: int, device: torch.device) -> SlotState:
+    def zeros(cls, slots: int, groups: int, vocab: int, uniform_rows: int, device: torch.device) -> SlotState:
+        """`slots` rows of `groups` codes and a `vocab`-wide history; `uniform_rows` rows of uniforms."""
         return cls(
-            last_codes=torch.zeros(slots, UNIFORMS_PER_FRAME, dtype=torch.int64, device=device),
+            last_codes=torch.zeros(slots, groups, dtype=torch.int64, device=device),
             cb0_history=torch.zeros(slots, vocab, dtype=torch.bool, device=device),
             uniforms=torch.zeros(uniform_rows, UNIFORMS_PER_FRAME, dtype=torch.float64, device=device),
             true=torch.ones((), dtype=torch.bool, device=device),
@@ -100,7 +101,8 @@ class SlotState:
     def with_slots(self, slots: int) -> SlotState:
         """A copy with `slots` rows of codes and history (the first ones copied), e.g. for the scratch slots
         a graph backend adds to the KV pool."""
-        grown = SlotState.zeros(slots, self.uniforms.shape[0], self.cb0_history.shape[1], self.true.device)
+        groups, vocab = self.last_codes.shape[1], self.cb0_history.shape[1]
+        grown = SlotState.zeros(slots, groups, vocab, self.uniforms.shape[0], self.true.device)
         kept = min(slots, self.last_codes.shape[0])
         grown.last_codes[:kept].copy_(self.last_codes[:kept])
         grown.cb0_history[:kept].copy_(self.cb0_history[:kept])

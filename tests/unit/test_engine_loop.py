@@ -273,6 +273,33 @@ def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
     assert index.uniform_rows.tolist() == [193, 1, 0, 0] and index.frames_generated.tolist() == [2, 2, 0, 0]
 
 
+def test_a_padded_decode_row_records_only_into_the_scratch_slot(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, Tensor]
+) -> None:
+    """One session in a bucket of two: its slot gets its frame's codes and cb0, the padding row records into
+    the scratch slot, and no other slot's last codes or history move (the graph's in-replay records)."""
+    engine = make_engine(tiny_voice_design_config, tiny_tensors)
+    graphs.install(engine, direct_graph_backend(engine, (2,)))
+    state, scratch = engine.slot_state, engine.cache.k.shape[1] - 1
+    assert state.last_codes.shape[0] == scratch + 1  # grown with the KV pool
+    neighbour = engine.open_session(REQUESTS[1], PLANS[1])
+    engine.prefill(neighbour)
+    session = engine.open_session(REQUESTS[0], PLANS[0])
+    engine.prefill(session)
+    codes, history = state.last_codes.clone(), state.cb0_history.clone()
+    state.cb0_history[scratch].zero_()
+    result = engine.step([session])[0]
+    assert result.codes is not None
+    assert torch.equal(state.last_codes[session.slot], result.codes)
+    assert bool(state.cb0_history[session.slot, int(result.codes[0])])
+    assert bool(state.cb0_history[scratch].any())
+    untouched = [s for s in range(scratch) if s != session.slot]
+    assert torch.equal(state.last_codes[untouched], codes[untouched])
+    assert torch.equal(state.cb0_history[untouched], history[untouched])
+    engine.release(session)
+    engine.release(neighbour)
+
+
 def test_max_frames_ends_with_length(engine: VoiceDesignEngine) -> None:
     session = engine.open_session(SynthesisRequest("x", "", max_frames=3), PLANS[0])
     results = [engine.prefill(session), *(engine.step([session])[0] for _ in range(2))]
