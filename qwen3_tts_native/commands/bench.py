@@ -204,13 +204,8 @@ def make_request(frames: int, seed: int) -> Any:
 
 
 def measure_ttfa(engine: Any, runs: int) -> dict[str, float]:
-    """Time to the first packet of a request that finds the engine idle: the frame a closed request left
-    in flight is waited for before the clock starts."""
-    import torch
-
     values = []
     for index in range(runs + 1):
-        torch.cuda.synchronize()
         start = time.perf_counter()
         packets = engine.synthesize(make_request(16, seed=index))
         next(packets)
