@@ -28,6 +28,7 @@ SOURCES = (
     "sampling.cu",
     "snake.cu",
     "unfold.cu",
+    "codec_attention.cu",
     "embedding.cu",
     "row_copy.cu",
 )

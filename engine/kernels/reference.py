@@ -148,6 +148,45 @@ def conv_to_one_channel(
     return torch.nn.functional.conv1d(samples, weight, bias, dilation=dilation)
 
 
+def codec_window_mask(position: Tensor, frames: int, group: int, window: int, dtype: torch.dtype) -> Tensor:
+    """[B, 1, frames * group, window - 1 + frames] additive, for a pass of `frames` frames from `position` [B]
+    over the cached window - 1 frames then the pass's (`codec_window_attention`): 0 where query frame i (its
+    `group` rows alike) sees key slot s, else -inf. Slot s holds the frame at position - (window - 1) + s; a
+    query sees the frames max(0, p - window + 1) .. p."""
+    slots = torch.arange(window - 1 + frames, device=position.device)
+    frame = torch.arange(frames, device=position.device).repeat_interleave(group)[:, None]
+    in_window = (slots >= frame) & (slots <= frame + window - 1)
+    started = slots >= (window - 1) - position[:, None, None]
+    visible = in_window & started
+    hidden = torch.full((), float("-inf"), dtype=dtype, device=position.device)
+    return torch.where(visible, torch.zeros((), dtype=dtype, device=position.device), hidden)[:, None]
+
+
+def codec_window_attention(
+    qkv: Tensor, cos: Tensor, sin: Tensor, cache: Tensor, position: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The codec transformer's attention for a pass of n frames from `position` [B]
+    (`codec.SlidingWindowAttention`): qkv [B, n, kv_heads, group + 2, dim] (a KV head's query rows, key,
+    value), cos and sin [B, n, 1, group + 2, dim] (`PreTransformer.rope`: the value rows at angle 0), cache
+    [B, kv_heads, window - 1, 2 * dim] (RoPE'd keys then values, oldest first). Returns the attention output
+    [B, n, kv_heads * group * dim] and the next cache (the last window - 1 of the cached frames and the
+    pass's).
+
+    One RoPE pass (q * cos + roll(q, dim / 2) * sin) covers queries, keys and values; a KV head's queries
+    attend as n * group rows (frame-major) over its keys, so grouped KV heads need no repeat."""
+    batch, frames, kv_heads, rows, dim = qkv.shape
+    group, window = rows - 2, cache.shape[2] + 1
+    qkv = torch.addcmul(qkv * cos, qkv.roll(dim // 2, dims=-1), sin)
+    new = qkv[:, :, :, group:].transpose(1, 2)  # [B, kv_heads, n, 2, dim]
+    kv = torch.cat([cache.view(*cache.shape[:3], 2, dim), new], dim=2).flatten(3)
+    queries = qkv[:, :, :, :group].transpose(1, 2).reshape(batch, kv_heads, frames * group, dim)
+    mask = codec_window_mask(position, frames, group, window, qkv.dtype)
+    attention = torch.nn.functional.scaled_dot_product_attention
+    out = attention(queries, kv[..., :dim], kv[..., dim:], attn_mask=mask)
+    out = out.unflatten(2, (frames, group)).transpose(1, 2).reshape(batch, frames, kv_heads * group * dim)
+    return out, kv[:, :, frames:]
+
+
 def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor | None = None) -> Tensor:
     """The codec's SnakeBeta of x [B, C, T] (plus a per-channel bias first, when given), from per-channel
     e^alpha and 1 / (e^beta + 1e-9) [C]: the official expression op by op,

@@ -44,11 +44,11 @@ the whole utterance through each layer at once, the waveform agrees to float32 r
 O(1) waveform).
 
 Launch count: on a GPU a pass costs what its kernel launches cost, ~2-4 µs each even replayed as a CUDA
-graph, so a pass is written as few ops (about 280 torch ops at the real shapes, whatever its n: a 4-frame
+graph, so a pass is written as few ops (a few hundred kernels at the real shapes, whatever its n: a 4-frame
 packet was 4 single-frame passes, ~1,270 kernels on the H200, and is now one pass). q/k/v and gate/up are
-one matrix each, with the qkv rows ordered so that one RoPE pass covers q, k and v (v at angle 0) and the
-new keys and values join the cache in one copy; the RoPE angles and the window mask are made once per pass
-for all layers; attention is one `scaled_dot_product_attention`; LayerScale and its residual one
+one matrix each, with the qkv rows ordered so that one RoPE pass covers q, k and v (v at angle 0); the RoPE
+angles are made once per pass for all layers; a layer's RoPE, cache update and windowed attention are one
+kernel on CUDA (`kernels.ops.codec_window_attention`, torch ops elsewhere); LayerScale and its residual one
 `addcmul`; RMSNorm is torch's fused `rms_norm`; SnakeBeta's e^alpha and 1 / (e^beta + 1e-9) are computed
 when the weights are loaded or converted, not per call, and SnakeBeta is one fused kernel on CUDA
 (`kernels.ops`) that also adds the bias of a conv right before it (cuDNN would add it in a kernel of its
@@ -410,21 +410,14 @@ class SlidingWindowAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, rows, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: CodecStreamState) -> Tensor:
-        """x [B, n, hidden]; cos/sin [B, n, 1, group + 2, head_dim] (`PreTransformer.rope`); mask
-        [B, 1, n * group, window - 1 + n] additive (`PreTransformer.mask`), over the cached frames then x's.
-        The state's cache then keeps the last window - 1 keys and values."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, state: CodecStreamState) -> Tensor:
+        """x [B, n, hidden]; cos/sin [B, n, 1, group + 2, head_dim] (`PreTransformer.rope`). Each frame's
+        queries see its window over the cached frames then x's (`ops.codec_window_attention`, one kernel on
+        CUDA); the state's cache then keeps the last window - 1 keys and values."""
         batch, frames, _ = x.shape
-        kv_heads, group, dim = self.num_kv_heads, self.group, self.head_dim
-        qkv = self.qkv_proj(x).view(batch, frames, kv_heads, group + 2, dim)
-        qkv = torch.addcmul(qkv * cos, qkv.roll(dim // 2, dims=-1), sin)
-        cached = state.kv[self.layer_index]
-        new = qkv[:, :, :, group:].transpose(1, 2)  # [B, kv_heads, n, 2, head_dim]
-        kv = torch.cat([cached.view(*cached.shape[:3], 2, dim), new], dim=2).flatten(3)
-        state.kv[self.layer_index] = kv[:, :, frames:]
-        queries = qkv[:, :, :, :group].transpose(1, 2).reshape(batch, kv_heads, frames * group, dim)
-        out = F.scaled_dot_product_attention(queries, kv[..., :dim], kv[..., dim:], attn_mask=mask)
-        out = out.unflatten(2, (frames, group)).transpose(1, 2).reshape(batch, frames, self.num_heads * dim)
+        qkv = self.qkv_proj(x).view(batch, frames, self.num_kv_heads, self.group + 2, self.head_dim)
+        cache = state.kv[self.layer_index]
+        out, state.kv[self.layer_index] = ops.codec_window_attention(qkv, cos, sin, cache, state.position)
         return self.o_proj(out)
 
 
@@ -451,8 +444,8 @@ class TransformerLayer(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.mlp_layer_scale = LayerScale(config.hidden_size)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: CodecStreamState) -> Tensor:
-        x = self.self_attn_layer_scale(x, self.self_attn(self.input_layernorm(x), cos, sin, mask, state))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, state: CodecStreamState) -> Tensor:
+        x = self.self_attn_layer_scale(x, self.self_attn(self.input_layernorm(x), cos, sin, state))
         return self.mlp_layer_scale(x, self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -462,13 +455,9 @@ class PreTransformer(_Derived):
 
     inv_freq: Tensor
     steps: Tensor
-    row_steps: Tensor
-    lag: Tensor
-    mask_values: Tensor
 
     def __init__(self, config: SpeechDecoderConfig):
         super().__init__()
-        self.window = config.sliding_window
         self.head_dim = config.head_dim
         self.group = config.num_attention_heads // config.num_key_value_heads
         self.rope_theta = config.rope_theta
@@ -476,7 +465,7 @@ class PreTransformer(_Derived):
         self.layers = nn.ModuleList(TransformerLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
-        for name in ("inv_freq", "steps", "row_steps", "lag", "mask_values"):
+        for name in ("inv_freq", "steps"):
             self.register_buffer(name, torch.empty(0), persistent=False)
         with torch.no_grad():
             self._derive()
@@ -484,11 +473,7 @@ class PreTransformer(_Derived):
     def _derive(self) -> None:
         """inv_freq [group + 2, head_dim] in >= float32: per qkv row, the RoPE frequencies with the first
         half negated (so sin gives rotate-half's signs), zero for the value row. steps [PASS_FRAMES]: each
-        frame's offset in the pass; row_steps: the same per attention query row (frame-major, `group` rows a
-        frame). lag [PASS_FRAMES * group, window - 1 + PASS_FRAMES]: how many frames key slot j (the cached
-        window - 1 frames, then the pass's) lies before query row r, or int64's max where the slot is outside
-        r's window (a later frame, or more than window - 1 back); a slot within the window holds a real frame
-        iff the query's absolute position is >= its lag. mask_values: (0, -inf) in the compute dtype."""
+        frame's offset in the pass."""
         weight = self.input_proj.weight
         device, wide = weight.device, _at_least_fp32(weight.dtype)
         exponents = torch.arange(0, self.head_dim, 2, device=device).to(wide)
@@ -496,12 +481,6 @@ class PreTransformer(_Derived):
         signed = torch.cat([-inv_freq, inv_freq])
         self.inv_freq = torch.cat([signed.expand(self.group + 1, -1), torch.zeros_like(signed)[None]])
         self.steps = torch.arange(PASS_FRAMES, device=device)
-        self.row_steps = self.steps.repeat_interleave(self.group)
-        slots = torch.arange(self.window - 1 + PASS_FRAMES, device=device)
-        lag = self.row_steps[:, None] + (self.window - 1) - slots
-        outside = (lag < 0) | (lag >= self.window)
-        self.lag = lag.masked_fill(outside, torch.iinfo(torch.int64).max)
-        self.mask_values = torch.tensor([0.0, float("-inf")], dtype=weight.dtype, device=device)
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and signed sin [B, n, 1, group + 2, head_dim] for absolute positions [B, n], computed in
@@ -510,22 +489,13 @@ class PreTransformer(_Derived):
         angles = positions[:, :, None, None] * self.inv_freq
         return angles.cos().to(dtype)[:, :, None], angles.sin().to(dtype)[:, :, None]
 
-    def mask(self, position: Tensor, frames: int) -> Tensor:
-        """[B, 1, frames * group, window - 1 + frames] additive, for a pass starting at `position` [B]: 0
-        where a query row sees the key slot (its window, from frame 0 on), else -inf."""
-        rows = frames * self.group
-        queries = position[:, None] + self.row_steps[:rows]
-        visible = queries[:, :, None] >= self.lag[:rows, : self.window - 1 + frames]
-        return torch.where(visible, self.mask_values[0], self.mask_values[1])[:, None]
-
     def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
         """The frames from `state.position` on: x [B, n, latent] -> [B, n, latent]."""
         frames = x.shape[1]
         cos, sin = self.rope(state.position[:, None] + self.steps[:frames], x.dtype)
-        mask = self.mask(state.position, frames)
         x = self.input_proj(x)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, state)
+            x = layer(x, cos, sin, state)
         return self.output_proj(self.norm(x))
 
 

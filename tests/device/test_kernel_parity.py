@@ -20,6 +20,9 @@ Tolerances, per op:
 - gather_rows, scatter_rows_: bit-identical (copies).
 - conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
   rounding); the same bits from a split history and for a stream alone as in the batch.
+- codec_window_attention: the next cache bit-identical (the RoPE'd keys round as torch's mul and addcmul
+  do); the output within 1e-5 relative L2 in float32 of the reference, bf16 within 1e-2 (the reference
+  rounds its softmax's inputs and its product to bf16 in other places); a stream alone as in the batch.
 - quantize_rows_fp8: bit-identical codes and scales (the same correctly rounded divisions and cast).
 - fp8_linear: relative L2 <= 1e-2 against the fp32 product of the same codes (reference.fp8_linear); the
   GEMM accumulates in fp32 in its own order and rounds once to bf16.
@@ -465,6 +468,41 @@ def test_conv_to_one_channel(  # type: ignore[no-untyped-def]
     assert torch.equal(split, whole)
     assert rel(whole, expected) <= (1e-5 if dtype == torch.float32 else 4e-3)
     assert torch.equal(ops.conv_to_one_channel(samples[-1:], weight, bias, dilation)[0], whole[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize(
+    "batch,frames,position,group",
+    [(1, 4, 500, 1), (1, 1, 0, 1), (64, 4, 37, 1), (3, 32, 2, 1), (2, 4, 70, 2), (5, 3, 71, 1)],
+)
+def test_codec_window_attention(  # type: ignore[no-untyped-def]
+    ext, dtype: torch.dtype, batch: int, frames: int, position: int, group: int
+) -> None:
+    """The codec transformer's attention of one pass against the torch ops it replaces, at the codec's 16 KV
+    heads of 64 dims and its 72-frame window: packets of 1 and 4 frames, a one-shot decode's 32-frame pass
+    (dynamic shared memory above 48 KB), streams whose window starts before frame 0 (only some slots real),
+    grouped KV heads, streams at different positions in one batch."""
+    generator = torch.Generator(device="cuda").manual_seed(batch * 1000 + frames + position)
+    kv_heads, dim, window = 16 // group, 64, 72
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device="cuda").to(dtype)
+
+    qkv = rand(batch, frames, kv_heads, group + 2, dim)
+    cache = rand(batch, kv_heads, window - 1, 2 * dim)
+    positions = position + torch.arange(batch, device="cuda") * 3
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, device="cuda") / dim)
+    signed = torch.cat([-inv_freq, inv_freq])  # as `PreTransformer` derives it; the value row at angle 0
+    rows = torch.cat([signed.expand(group + 1, -1), torch.zeros(1, dim, device="cuda")])
+    angles = (positions[:, None] + torch.arange(frames, device="cuda"))[:, :, None, None] * rows
+    cos, sin = angles.cos().to(dtype)[:, :, None], angles.sin().to(dtype)[:, :, None]
+    out, next_cache = ops.codec_window_attention(qkv, cos, sin, cache, positions)
+    expected_out, expected_cache = reference.codec_window_attention(qkv, cos, sin, cache, positions)
+    assert out.shape == expected_out.shape and next_cache.shape == expected_cache.shape
+    assert torch.equal(next_cache, expected_cache), "the next cache differs from torch's"
+    assert rel(out, expected_out) <= (1e-5 if dtype == torch.float32 else 1e-2)
+    alone, alone_cache = ops.codec_window_attention(qkv[-1:], cos[-1:], sin[-1:], cache[-1:], positions[-1:])
+    assert torch.equal(alone, out[-1:]) and torch.equal(alone_cache, next_cache[-1:])
 
 
 def _codec_like_state(slots: int, generator: torch.Generator) -> list[torch.Tensor]:

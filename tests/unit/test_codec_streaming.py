@@ -22,7 +22,6 @@ FP32_BATCH).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import json
 from collections.abc import Iterator
@@ -33,8 +32,8 @@ import torch
 from torch import Tensor
 
 from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig, parse_speech_decoder_config
-from qwen3_tts_native.engine.kernels import ops
-from qwen3_tts_native.engine.model.codec import PASS_FRAMES, CodecStreamState, PreTransformer, SpeechDecoder
+from qwen3_tts_native.engine.kernels import ops, reference
+from qwen3_tts_native.engine.model.codec import PASS_FRAMES, CodecStreamState, SpeechDecoder
 from qwen3_tts_native.engine.runtime.codec_graphs import _gather
 from qwen3_tts_native.engine.snapshot import expected_speech_decoder_tensors
 
@@ -277,12 +276,9 @@ def test_pass_mask_is_each_querys_window(
     """A pass of `frames` frames from `position`: query frame p sees the key at absolute position k iff
     max(0, p - 71) <= k <= p, where the keys are the 71 cached frames (positions position - 71 ..
     position - 1) and then the pass's own; each frame's `group` query rows see the same keys."""
-    config = dataclasses.replace(
-        tiny_voice_design_config.speech_decoder, num_attention_heads=4, num_key_value_heads=4 // group
-    )
-    module = PreTransformer(config)
-    window = config.sliding_window
-    mask = module.mask(torch.tensor([position, position + 1]), frames)
+    window = tiny_voice_design_config.speech_decoder.sliding_window
+    positions = torch.tensor([position, position + 1])
+    mask = reference.codec_window_mask(positions, frames, group, window, torch.float32)
     assert mask.shape == (2, 1, frames * group, window - 1 + frames)
     for row, start in enumerate((position, position + 1)):
         keys = torch.arange(start - (window - 1), start + frames)

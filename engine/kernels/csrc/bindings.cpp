@@ -356,6 +356,40 @@ void conv_to_one_channel(at::Tensor out, at::Tensor x, c10::optional<at::Tensor>
      "conv_to_one_channel");
 }
 
+// The codec transformer's window attention for one pass (launchers.h, `codec_window_attention`).
+void codec_window_attention(at::Tensor out, at::Tensor next_cache, at::Tensor qkv, at::Tensor cos, at::Tensor sin,
+                            at::Tensor cache, at::Tensor positions) {
+  const at::ScalarType dtype = qkv.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "qkv must be float32 or bfloat16");
+  for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&cache, "cache"},
+                                {&out, "out"}, {&next_cache, "next_cache"}}) {
+    check(*t, name, dtype);
+  }
+  check(positions, "positions", at::kLong);
+  TORCH_CHECK(qkv.dim() == 5 && qkv.is_contiguous(), "qkv must be contiguous [batch, frames, kv_heads, group + 2, dim]");
+  const int64_t batch = qkv.size(0), frames = qkv.size(1), kv_heads = qkv.size(2), dim = qkv.size(4);
+  const int64_t group = qkv.size(3) - 2;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == batch * frames * (group + 2) * dim &&
+                  sin.numel() == cos.numel(),
+              "cos and sin must be contiguous [batch, frames, 1, group + 2, dim]");
+  TORCH_CHECK(cache.dim() == 4 && cache.size(0) == batch && cache.size(1) == kv_heads && cache.size(3) == 2 * dim &&
+                  cache.stride(3) == 1,
+              "cache must be [batch, kv_heads, window - 1, 2 * dim] with a contiguous last dim");
+  TORCH_CHECK(next_cache.is_contiguous() && next_cache.sizes() == cache.sizes(), "next_cache must be contiguous like cache");
+  TORCH_CHECK(out.is_contiguous() && out.numel() == batch * frames * kv_heads * group * dim,
+              "out must be contiguous [batch, frames, heads * dim]");
+  TORCH_CHECK(positions.is_contiguous() && positions.numel() == batch, "positions must be contiguous [batch]");
+  const q3tts::CodecWindowShape shape{static_cast<int>(batch),      static_cast<int>(frames),
+                                      static_cast<int>(kv_heads),   static_cast<int>(group),
+                                      static_cast<int>(dim),        static_cast<int>(cache.size(2) + 1),
+                                      {cache.stride(0), cache.stride(1), cache.stride(2)}};
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  ok(q3tts::codec_window_attention(out.data_ptr(), next_cache.data_ptr(), qkv.data_ptr(), cos.data_ptr(),
+                                   sin.data_ptr(), cache.data_ptr(), positions.data_ptr<int64_t>(), shape,
+                                   static_cast<int>(qkv.element_size()), stream()),
+     "codec_window_attention");
+}
+
 void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
             c10::optional<at::Tensor> suppress, c10::optional<at::Tensor> ban_count, int64_t ban_token,
             int64_t ban_below, at::Tensor greedy, at::Tensor temperature, at::Tensor top_k, at::Tensor top_p,
@@ -523,6 +557,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("snake_beta", &snake_beta);
   m.def("unfold_columns", &unfold_columns);
   m.def("conv_to_one_channel", &conv_to_one_channel);
+  m.def("codec_window_attention", &codec_window_attention);
   m.def("copy_rows", &copy_rows);
   m.def("set_dependent_launch", &set_dependent_launch);
 }

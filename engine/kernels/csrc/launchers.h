@@ -106,6 +106,20 @@ cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void*
                                 int64_t kernel, int64_t length, int64_t dilation, int element_bytes,
                                 cudaStream_t stream);
 
+// The codec transformer's sliding-window attention for a pass of `frames` frames (codec_attention.cu): qkv
+// contiguous [B, frames, kv_heads, group + 2, head_dim] (per KV head its group's query rows, its key, its
+// value), cos and sin contiguous [B, frames, group + 2, head_dim], cache [B, kv_heads, window - 1, 2 * head_dim]
+// (keys then values; strides in elements, the last dim contiguous), positions [B] (the pass's first frame).
+// Writes out contiguous [B, frames, kv_heads * group * head_dim] and next_cache contiguous like cache: the last
+// window - 1 slots of the cache followed by the pass's keys and values. head_dim must be 64.
+struct CodecWindowShape {
+  int batch, frames, kv_heads, group, head_dim, window;
+  int64_t cache_strides[3];
+};
+cudaError_t codec_window_attention(void* out, void* next_cache, const void* qkv, const void* cos, const void* sin,
+                                   const void* cache, const int64_t* positions, const CodecWindowShape& shape,
+                                   int element_bytes, cudaStream_t stream);
+
 // One fused sampling step per row (block per row, vocab <= 4096), the rules of
 // engine/runtime/sampling.py: repetition penalty over `seen`, bans, greedy argmax (lowest index on ties),
 // temperature, top-k keeping ties, top-p over a stable ascending sort, then the inverse-CDF draw with the

@@ -34,6 +34,27 @@ struct Samples {
   }
 };
 
+// The samples of one (stream, channel) row: its history and x rows resolved once, for kernels that read many
+// samples of the same row.
+template <typename T>
+struct SampleRow {
+  const T* history;
+  const T* x;
+  int64_t history_stride, x_stride;
+  int context;
+
+  __device__ __forceinline__ SampleRow(const Samples<T>& in, int b, int64_t c)
+      : history(in.context > 0 ? in.history + b * in.history_strides[0] + c * in.history_strides[1] : nullptr),
+        x(in.x + b * in.x_strides[0] + c * in.x_strides[1]),
+        history_stride(in.history_strides[2]),
+        x_stride(in.x_strides[2]),
+        context(in.context) {}
+
+  __device__ __forceinline__ T at(int s) const {
+    return s < context ? history[s * history_stride] : x[(s - context) * x_stride];
+  }
+};
+
 // Row r of the output is (c, k, b) = (r / (K * B), r / B % K, r % B).
 struct RowIndex {
   int b, k;
@@ -147,41 +168,75 @@ cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t 
 
 // The codec's last conv (C channels to the one waveform channel) convolved directly from the same samples: as a
 // GEMM it unfolds its input K times over to feed a single output row (at 64 streams a 660 MB bf16 copy and a
-// GEMV over it, for 94 MB of input). A block is 32 outputs of one stream (a lane each, so the sample loads of a
-// warp are consecutive) by 8 warps, warp w summing channels w, w + 8, ...; the 8 partial sums are added in
-// warp order, so the result does not depend on the batch.
+// GEMV over it, for 94 MB of input). A block is kConvOutputs * 32 outputs of one stream by 8 warps: lane l
+// holds outputs l, l + 32, ... (so a warp's sample loads are consecutive), warp w sums channels w, w + 8, ...;
+// the 8 partial sums are added in warp order, so the result does not depend on the batch. Each output's sum runs
+// over its warp's channels, then taps, in order, whatever kConvOutputs is. With one output a lane and a runtime
+// tap count a lane kept one load in flight: 0.53 ms for the 64-stream bf16 packet's conv (~210 GB/s, run 63);
+// kConvOutputs outputs times the codec's 7 taps unrolled keep 28 independent loads in flight.
 constexpr int kConvWarps = 8;
+constexpr int kConvOutputs = 4;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) { return to_f(v); }
 __device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_float(bf16* p, float v) { *p = to_bf(v); }
 
-template <typename T>
-__global__ void conv_to_one_channel_kernel(T* __restrict__ out, Samples<T> in, const T* __restrict__ weight,
-                                           const T* __restrict__ bias, int channels, int kernel, int dilation,
-                                           int length) {
-  __shared__ float partial[kConvWarps][32];
+// kTaps > 0: the tap count, unrolled; 0: `kernel` taps at run time.
+template <typename T, int kTaps>
+__global__ void __launch_bounds__(32 * kConvWarps)
+    conv_to_one_channel_kernel(T* __restrict__ out, Samples<T> in, const T* __restrict__ weight,
+                               const T* __restrict__ bias, int channels, int kernel, int dilation, int length) {
+  __shared__ float partial[kConvWarps][kConvOutputs * 32];
   begin_dependent_kernel();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = blockIdx.y;
-  const int t = blockIdx.x * 32 + lane;
-  float acc = 0.0f;
-  if (t < length) {
-    for (int c = warp; c < channels; c += kConvWarps) {
-      const T* w = weight + static_cast<int64_t>(c) * kernel;
-      for (int k = 0; k < kernel; ++k) {
-        acc = fmaf(to_float(w[k]), to_float(in.at(b, c, static_cast<int64_t>(k) * dilation + t)), acc);
+  const int block_first = blockIdx.x * (kConvOutputs * 32);
+  const int first = block_first + lane;
+  const int taps = kTaps > 0 ? kTaps : kernel;
+  // Past the history with unit-stride samples (every block but the first, as the codec lays them out), a
+  // sample is a fixed offset from one pointer a row.
+  const bool contiguous_x = block_first >= in.context && in.x_strides[2] == 1;
+  float acc[kConvOutputs];
+#pragma unroll
+  for (int j = 0; j < kConvOutputs; ++j) acc[j] = 0.0f;
+#pragma unroll 1
+  for (int c = warp; c < channels; c += kConvWarps) {
+    const T* w = weight + static_cast<int64_t>(c) * taps;
+    if (contiguous_x) {
+      const T* x = in.x + b * in.x_strides[0] + c * in.x_strides[1] + (first - in.context);
+#pragma unroll
+      for (int k = 0; k < taps; ++k) {
+        const float wk = to_float(w[k]);
+#pragma unroll
+        for (int j = 0; j < kConvOutputs; ++j) {
+          if (first + 32 * j < length) acc[j] = fmaf(wk, to_float(x[k * dilation + 32 * j]), acc[j]);
+        }
+      }
+    } else {
+      const SampleRow<T> row(in, b, c);
+#pragma unroll 1
+      for (int k = 0; k < taps; ++k) {
+        const float wk = to_float(w[k]);
+#pragma unroll
+        for (int j = 0; j < kConvOutputs; ++j) {
+          const int t = first + 32 * j;
+          if (t < length) acc[j] = fmaf(wk, to_float(row.at(k * dilation + t)), acc[j]);
+        }
       }
     }
   }
-  partial[warp][lane] = acc;
-  __syncthreads();
-  if (warp == 0 && t < length) {
-    float sum = bias == nullptr ? 0.0f : to_float(*bias);
 #pragma unroll
-    for (int i = 0; i < kConvWarps; ++i) sum += partial[i][lane];
-    store_float(out + static_cast<int64_t>(b) * length + t, sum);
+  for (int j = 0; j < kConvOutputs; ++j) partial[warp][lane + 32 * j] = acc[j];
+  __syncthreads();
+  if (warp < kConvOutputs) {
+    const int t = block_first + warp * 32 + lane;
+    if (t < length) {
+      float sum = bias == nullptr ? 0.0f : to_float(*bias);
+#pragma unroll
+      for (int i = 0; i < kConvWarps; ++i) sum += partial[i][warp * 32 + lane];
+      store_float(out + static_cast<int64_t>(b) * length + t, sum);
+    }
   }
 }
 
@@ -192,10 +247,12 @@ cudaError_t launch_conv(void* out, const UnfoldInput& input, const void* weight,
   Samples<T> in{static_cast<const T*>(input.history), static_cast<const T*>(input.x),
                 {input.history_strides[0], input.history_strides[1], input.history_strides[2]},
                 {input.x_strides[0], input.x_strides[1], input.x_strides[2]}, static_cast<int>(input.context)};
-  const dim3 grid(static_cast<unsigned>((length + 31) / 32), static_cast<unsigned>(input.batch));
-  launch_kernel(conv_to_one_channel_kernel<T>, grid, dim3(32 * kConvWarps), stream, static_cast<T*>(out), in,
-                static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<int>(input.channels),
-                static_cast<int>(kernel), static_cast<int>(dilation), static_cast<int>(length));
+  const dim3 grid(static_cast<unsigned>((length + kConvOutputs * 32 - 1) / (kConvOutputs * 32)),
+                  static_cast<unsigned>(input.batch));
+  auto conv = kernel == 7 ? conv_to_one_channel_kernel<T, 7> : conv_to_one_channel_kernel<T, 0>;
+  launch_kernel(conv, grid, dim3(32 * kConvWarps), stream, static_cast<T*>(out), in, static_cast<const T*>(weight),
+                static_cast<const T*>(bias), static_cast<int>(input.channels), static_cast<int>(kernel),
+                static_cast<int>(dilation), static_cast<int>(length));
   return cudaGetLastError();
 }
 

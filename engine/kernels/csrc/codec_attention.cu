@@ -1,0 +1,164 @@
+// The codec transformer's sliding-window attention for one pass of n frames (codec.py,
+// `SlidingWindowAttention`; `reference.codec_window_attention`), one kernel a layer: RoPE of the pass's
+// queries and keys, the new keys and values joining the cached window (the state's next cache written out),
+// and each query's attention over its own window.
+// Why: torch ran it as 7 kernels a layer (RoPE as a mul, a roll and an addcmul, the cache's concatenation,
+// two layout copies and an attention kernel of ~16 us for 4 query frames over <= 75 keys in float32: 0.13 of a
+// 1.9 ms packet at one stream, 0.45-0.64 ms of a 64-stream packet, run 63).
+//
+// A block per (stream, KV head) stages the window's keys and values as floats in shared memory: the cached
+// slots as stored (RoPE'd keys, values), then the pass's frames, whose keys it rotates the reference's way
+// (torch's mul, then addcmul, each rounded as torch rounds it; `rotated`), from the same cos and sin tensors. It writes the last W - 1 slots out as
+// the next cache. Then a warp per query row: the query rotated likewise, a lane per key slot for the scores
+// (rows padded by one float, so the lanes' rows fall in different banks), the softmax in float32, a lane per
+// two output dims for the values' weighted sum, rounded once to the element type.
+#include "common.cuh"
+#include "launch.cuh"
+#include "launchers.h"
+
+namespace q3tts {
+namespace {
+
+constexpr int kHeadDim = 64;
+constexpr int kWarps = 4;
+constexpr int kRowFloats = 2 * kHeadDim + 1;  // key, value, one float of padding
+
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const bf16* p) { return to_f(*p); }
+__device__ __forceinline__ float round_to(float x, float) { return x; }
+__device__ __forceinline__ float round_to(float x, bf16) { return round_bf(x); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16* p, float v) { *p = to_bf(v); }
+
+// Element d of a rotated head row x (kHeadDim elements), as torch computes qkv * cos, then
+// addcmul(that, roll(qkv, D / 2), sin): round(round(x[d] * cos[d]) + roll(x)[d] * sin[d]), where addcmul rounds
+// the product to float32 before adding it (`a + alpha * (b * c)` in its kernel: no fused multiply-add of b * c).
+// Explicit _rn intrinsics, so that nvcc contracts nothing either.
+template <typename T>
+__device__ __forceinline__ float rotated(const T* x, const T* cos, const T* sin, int d) {
+  const T zero{};
+  const float scaled = round_to(__fmul_rn(load(x + d), load(cos + d)), zero);
+  const float turned = __fmul_rn(load(x + (d + kHeadDim / 2) % kHeadDim), load(sin + d));
+  return round_to(__fadd_rn(scaled, turned), zero);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps)
+    codec_window_attention_kernel(T* __restrict__ out, T* __restrict__ next_cache, const T* __restrict__ qkv,
+                                  const T* __restrict__ cos, const T* __restrict__ sin, const T* __restrict__ cache,
+                                  const int64_t* __restrict__ positions, CodecWindowShape shape) {
+  extern __shared__ float staged[];
+  const int frames = shape.frames, group = shape.group, kv_heads = shape.kv_heads;
+  const int cached = shape.window - 1, slots = cached + frames;
+  float* keys = staged;                                      // [slots][kRowFloats]
+  float* query = keys + slots * kRowFloats;                  // [kWarps][kHeadDim]
+  float* weights = query + kWarps * kHeadDim;                // [kWarps][slots]
+  begin_dependent_kernel();
+  const int b = blockIdx.x / kv_heads, h = blockIdx.x % kv_heads;
+  const int row_elems = (group + 2) * kHeadDim;              // one frame's rows of this KV head
+  const int64_t frame_stride = static_cast<int64_t>(kv_heads) * row_elems;
+  const T* head_qkv = qkv + static_cast<int64_t>(b) * frames * frame_stride + static_cast<int64_t>(h) * row_elems;
+  const T* frame_cos = cos + static_cast<int64_t>(b) * frames * row_elems;
+  const T* frame_sin = sin + static_cast<int64_t>(b) * frames * row_elems;
+  const T* head_cache = cache + b * shape.cache_strides[0] + h * shape.cache_strides[1];
+
+  for (int i = threadIdx.x; i < cached * 2 * kHeadDim; i += blockDim.x) {
+    const int slot = i / (2 * kHeadDim), e = i % (2 * kHeadDim);
+    keys[slot * kRowFloats + e] = load(head_cache + slot * shape.cache_strides[2] + e);
+  }
+  for (int i = threadIdx.x; i < frames * 2 * kHeadDim; i += blockDim.x) {
+    const int frame = i / (2 * kHeadDim), e = i % (2 * kHeadDim);
+    const T* rows = head_qkv + frame * frame_stride;
+    float v;
+    if (e < kHeadDim) {  // the key row, rotated
+      const int key = group * kHeadDim;
+      v = rotated(rows + key, frame_cos + frame * row_elems + key, frame_sin + frame * row_elems + key, e);
+    } else {  // the value row: angle 0, so the reference's rotation leaves it as it is
+      v = load(rows + (group + 1) * kHeadDim + e - kHeadDim);
+    }
+    keys[(cached + frame) * kRowFloats + e] = v;
+  }
+  __syncthreads();
+
+  T* head_next = next_cache + (static_cast<int64_t>(b) * kv_heads + h) * cached * 2 * kHeadDim;
+  for (int i = threadIdx.x; i < cached * 2 * kHeadDim; i += blockDim.x) {
+    const int slot = i / (2 * kHeadDim), e = i % (2 * kHeadDim);
+    store(head_next + i, keys[(slot + frames) * kRowFloats + e]);
+  }
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* my_query = query + warp * kHeadDim;
+  float* my_weights = weights + warp * slots;
+  const int64_t position = positions[b];
+  const float scale = rsqrtf(static_cast<float>(kHeadDim));
+  for (int row = warp; row < frames * group; row += kWarps) {
+    const int frame = row / group, g = row % group;
+    const T* q = head_qkv + frame * frame_stride + g * kHeadDim;
+    const T* q_cos = frame_cos + frame * row_elems + g * kHeadDim;
+    const T* q_sin = frame_sin + frame * row_elems + g * kHeadDim;
+    for (int d = lane; d < kHeadDim; d += 32) my_query[d] = rotated(q, q_cos, q_sin, d);
+    __syncwarp();
+    // Slot s holds frame position - cached + s: the query sees slots frame .. cached + frame, from frame 0 on.
+    const int first = position >= cached ? frame : max(frame, static_cast<int>(cached - position));
+    const int last = cached + frame;
+    float best = -INFINITY;
+    for (int s = first + lane; s <= last; s += 32) {
+      const float* key = keys + s * kRowFloats;
+      float dot = 0.0f;
+#pragma unroll 16
+      for (int d = 0; d < kHeadDim; ++d) dot = fmaf(my_query[d], key[d], dot);
+      my_weights[s - first] = dot * scale;
+      best = fmaxf(best, dot * scale);
+    }
+    best = warp_max(best);
+    float total = 0.0f;
+    for (int s = first + lane; s <= last; s += 32) {
+      const float p = expf(my_weights[s - first] - best);
+      my_weights[s - first] = p;
+      total += p;
+    }
+    total = warp_sum(total);
+    __syncwarp();
+    T* out_row = out + ((static_cast<int64_t>(b) * frames + frame) * kv_heads * group + h * group + g) * kHeadDim;
+    for (int d = lane; d < kHeadDim; d += 32) {
+      float acc = 0.0f;
+      for (int s = first; s <= last; ++s) acc = fmaf(my_weights[s - first], keys[s * kRowFloats + kHeadDim + d], acc);
+      store(out_row + d, acc / total);
+    }
+    __syncwarp();
+  }
+}
+
+template <typename T>
+cudaError_t launch(void* out, void* next_cache, const void* qkv, const void* cos, const void* sin, const void* cache,
+                   const int64_t* positions, const CodecWindowShape& shape, cudaStream_t stream) {
+  const int slots = shape.window - 1 + shape.frames;
+  const size_t shared_bytes = (static_cast<size_t>(slots) * kRowFloats + kWarps * (kHeadDim + slots)) * sizeof(float);
+  if (shared_bytes > 48 * 1024) {  // passes above 4 frames (a one-shot decode's); a packet's fits the default
+    const cudaError_t err = cudaFuncSetAttribute(codec_window_attention_kernel<T>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shared_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  launch_kernel_shared(codec_window_attention_kernel<T>, dim3(static_cast<unsigned>(shape.batch * shape.kv_heads)),
+                       dim3(32 * kWarps), shared_bytes, stream, static_cast<T*>(out), static_cast<T*>(next_cache),
+                       static_cast<const T*>(qkv), static_cast<const T*>(cos), static_cast<const T*>(sin),
+                       static_cast<const T*>(cache), positions, shape);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t codec_window_attention(void* out, void* next_cache, const void* qkv, const void* cos, const void* sin,
+                                   const void* cache, const int64_t* positions, const CodecWindowShape& shape,
+                                   int element_bytes, cudaStream_t stream) {
+  if (shape.head_dim != kHeadDim || shape.window < 2 || shape.frames < 1 || shape.group < 1 ||
+      static_cast<int64_t>(shape.batch) * shape.kv_heads > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (element_bytes == 4) return launch<float>(out, next_cache, qkv, cos, sin, cache, positions, shape, stream);
+  if (element_bytes == 2) return launch<bf16>(out, next_cache, qkv, cos, sin, cache, positions, shape, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace q3tts
