@@ -31,15 +31,14 @@ __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = to_bf(v); }
 
 // Element d of a rotated head row x (kHeadDim elements), as torch computes qkv * cos, then
-// addcmul(that, roll(qkv, D / 2), sin): round(round(x[d] * cos[d]) + roll(x)[d] * sin[d]), where addcmul rounds
-// the product to float32 before adding it (`a + alpha * (b * c)` in its kernel: no fused multiply-add of b * c).
-// Explicit _rn intrinsics, so that nvcc contracts nothing either.
+// addcmul(that, roll(qkv, D / 2), sin): round(fma(roll(x)[d], sin[d], round(x[d] * cos[d]))). Adding the
+// product rounded to float32 first (`__fadd_rn(scaled, __fmul_rn(...))`) gave other float32 keys than torch's
+// (run 65), so its addcmul kernel contracts `a + alpha * b * c` into one fused multiply-add.
 template <typename T>
 __device__ __forceinline__ float rotated(const T* x, const T* cos, const T* sin, int d) {
   const T zero{};
   const float scaled = round_to(__fmul_rn(load(x + d), load(cos + d)), zero);
-  const float turned = __fmul_rn(load(x + (d + kHeadDim / 2) % kHeadDim), load(sin + d));
-  return round_to(__fadd_rn(scaled, turned), zero);
+  return round_to(fmaf(load(x + (d + kHeadDim / 2) % kHeadDim), load(sin + d), scaled), zero);
 }
 
 template <typename T>
