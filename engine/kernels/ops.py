@@ -330,6 +330,8 @@ def codec_window_attention(
         and sin.is_contiguous()
         and all(t.dtype == qkv.dtype for t in (cos, sin, cache))
         and cache.stride(-1) == 1
+        and cache.data_ptr() % 16 == 0
+        and all(stride * cache.element_size() % 16 == 0 for stride in cache.stride()[:-1])
         and position.is_cuda
     )
     if ext is None or not fits:

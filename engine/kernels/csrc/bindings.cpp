@@ -375,6 +375,10 @@ void codec_window_attention(at::Tensor out, at::Tensor next_cache, at::Tensor qk
   TORCH_CHECK(cache.dim() == 4 && cache.size(0) == batch && cache.size(1) == kv_heads && cache.size(3) == 2 * dim &&
                   cache.stride(3) == 1,
               "cache must be [batch, kv_heads, window - 1, 2 * dim] with a contiguous last dim");
+  const int64_t vector = 16 / cache.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0 && cache.stride(0) % vector == 0 &&
+                  cache.stride(1) % vector == 0 && cache.stride(2) % vector == 0,
+              "cache rows must be 16-byte aligned");
   TORCH_CHECK(next_cache.is_contiguous() && next_cache.sizes() == cache.sizes(), "next_cache must be contiguous like cache");
   TORCH_CHECK(out.is_contiguous() && out.numel() == batch * frames * kv_heads * group * dim,
               "out must be contiguous [batch, frames, heads * dim]");

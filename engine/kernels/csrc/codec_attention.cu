@@ -20,8 +20,15 @@ namespace q3tts {
 namespace {
 
 constexpr int kHeadDim = 64;
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
+constexpr int kLoadsInFlight = 8;  // 16-byte loads a thread issues before it waits for any
 constexpr int kRowFloats = 2 * kHeadDim + 1;  // key, value, one float of padding
+
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kElems = 16 / sizeof(T);
+  T v[kElems];
+};
 
 __device__ __forceinline__ float load(const float* p) { return *p; }
 __device__ __forceinline__ float load(const bf16* p) { return to_f(*p); }
@@ -61,9 +68,30 @@ __global__ void __launch_bounds__(32 * kWarps)
   const T* frame_sin = sin + static_cast<int64_t>(b) * frames * row_elems;
   const T* head_cache = cache + b * shape.cache_strides[0] + h * shape.cache_strides[1];
 
-  for (int i = threadIdx.x; i < cached * 2 * kHeadDim; i += blockDim.x) {
-    const int slot = i / (2 * kHeadDim), e = i % (2 * kHeadDim);
-    keys[slot * kRowFloats + e] = load(head_cache + slot * shape.cache_strides[2] + e);
+  // The cached window, 16 bytes a load, kLoadsInFlight loads a thread before the first is waited for: one
+  // load at a time, a block's ~70 dependent loads a thread made the kernel slower than the seven torch ops it
+  // replaces at one stream (run 66).
+  constexpr int E = Vec16<T>::kElems, kRowVecs = 2 * kHeadDim / E;
+  const int cached_vecs = cached * kRowVecs;
+  for (int first = threadIdx.x; first < cached_vecs; first += blockDim.x * kLoadsInFlight) {
+    Vec16<T> v[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int i = first + u * blockDim.x;
+      if (i < cached_vecs) {
+        v[u] = *reinterpret_cast<const Vec16<T>*>(head_cache + (i / kRowVecs) * shape.cache_strides[2] +
+                                                  (i % kRowVecs) * E);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int i = first + u * blockDim.x;
+      if (i < cached_vecs) {
+        float* row = keys + (i / kRowVecs) * kRowFloats + (i % kRowVecs) * E;
+#pragma unroll
+        for (int j = 0; j < E; ++j) row[j] = load(&v[u].v[j]);
+      }
+    }
   }
   for (int i = threadIdx.x; i < frames * 2 * kHeadDim; i += blockDim.x) {
     const int frame = i / (2 * kHeadDim), e = i % (2 * kHeadDim);
@@ -80,9 +108,12 @@ __global__ void __launch_bounds__(32 * kWarps)
   __syncthreads();
 
   T* head_next = next_cache + (static_cast<int64_t>(b) * kv_heads + h) * cached * 2 * kHeadDim;
-  for (int i = threadIdx.x; i < cached * 2 * kHeadDim; i += blockDim.x) {
-    const int slot = i / (2 * kHeadDim), e = i % (2 * kHeadDim);
-    store(head_next + i, keys[(slot + frames) * kRowFloats + e]);
+  for (int i = threadIdx.x; i < cached_vecs; i += blockDim.x) {
+    const float* row = keys + (i / kRowVecs + frames) * kRowFloats + (i % kRowVecs) * E;
+    Vec16<T> v;
+#pragma unroll
+    for (int j = 0; j < E; ++j) store(&v.v[j], row[j]);
+    *reinterpret_cast<Vec16<T>*>(head_next + i * E) = v;
   }
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

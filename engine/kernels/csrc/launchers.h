@@ -109,7 +109,8 @@ cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void*
 // The codec transformer's sliding-window attention for a pass of `frames` frames (codec_attention.cu): qkv
 // contiguous [B, frames, kv_heads, group + 2, head_dim] (per KV head its group's query rows, its key, its
 // value), cos and sin contiguous [B, frames, group + 2, head_dim], cache [B, kv_heads, window - 1, 2 * head_dim]
-// (keys then values; strides in elements, the last dim contiguous), positions [B] (the pass's first frame).
+// (keys then values; strides in elements, each a multiple of 16 bytes, the last dim contiguous, 16-byte aligned),
+// positions [B] (the pass's first frame).
 // Writes out contiguous [B, frames, kv_heads * group * head_dim] and next_cache contiguous like cache: the last
 // window - 1 slots of the cache followed by the pass's keys and values. head_dim must be 64.
 struct CodecWindowShape {
