@@ -168,14 +168,16 @@ cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t 
 
 // The codec's last conv (C channels to the one waveform channel) convolved directly from the same samples: as a
 // GEMM it unfolds its input K times over to feed a single output row (at 64 streams a 660 MB bf16 copy and a
-// GEMV over it, for 94 MB of input). A block is kConvOutputs * 32 outputs of one stream by 8 warps: lane l
-// holds outputs l, l + 32, ... (so a warp's sample loads are consecutive), warp w sums channels w, w + 8, ...;
-// the 8 partial sums are added in warp order, so the result does not depend on the batch. Each output's sum runs
-// over its warp's channels, then taps, in order, whatever kConvOutputs is. With one output a lane and a runtime
-// tap count a lane kept one load in flight: 0.53 ms for the 64-stream bf16 packet's conv (~210 GB/s, run 63);
-// kConvOutputs outputs times the codec's 7 taps unrolled keep 28 independent loads in flight.
-constexpr int kConvWarps = 8;
-constexpr int kConvOutputs = 4;
+// GEMV over it, for 94 MB of input). A block is kConvOutputs * 32 outputs of one stream by 16 warps: lane l
+// holds outputs l, l + 32, ... (so a warp's sample loads are consecutive), warp w sums channels w, w + 16, ...;
+// the 16 partial sums are added in warp order, so the result does not depend on the batch. Each output's sum
+// runs over its warp's channels, then taps, in order. With one output a lane, 8 warps and a runtime tap count
+// a lane kept one load in flight: 0.53 ms for the 64-stream bf16 packet's conv (~210 GB/s, run 63); 4 outputs
+// a lane and 8 warps fixed that at 64 streams but left 60 blocks of 12 serial channel rounds for one stream's
+// 4-frame packet (34 us, run 67). Now the codec's 7 taps are unrolled, two channels a round: 28 loads in flight
+// a lane, 3 rounds a warp for the codec's 96 channels.
+constexpr int kConvWarps = 16;
+constexpr int kConvOutputs = 2;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) { return to_f(v); }
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(32 * kConvWarps)
   float acc[kConvOutputs];
 #pragma unroll
   for (int j = 0; j < kConvOutputs; ++j) acc[j] = 0.0f;
-#pragma unroll 1
+#pragma unroll 2
   for (int c = warp; c < channels; c += kConvWarps) {
     const T* w = weight + static_cast<int64_t>(c) * taps;
     if (contiguous_x) {
