@@ -1,6 +1,6 @@
-"""The frame for the code on PYTHONPATH: its graph's replay at 1 and 64 streams and the single-stream RTF
-(with and without the codec), exact and fast. Run it for two trees in one call to compare them on one
-machine (`--compare`), as `codec_packet_time.py` does for the codec.
+"""The frame for the code on PYTHONPATH: its graph's replay at 1 and 64 streams, the single-stream RTF
+(with and without the codec) and the time to first audio, exact and fast. Run it for two trees in one call
+to compare them on one machine (`--compare`), as `codec_packet_time.py` does for the codec.
 
 Why: a kernel change inside the frame (a GEMV's loads, say) is one build or the other; its effect on the
 frame is what counts, and device machines differ by more than such a change.
@@ -22,7 +22,7 @@ def measure(args: argparse.Namespace) -> int:
     from common import load_timing_engine, modes_result
     from fp8_gemm_ab import frame_replay_ms
 
-    from qwen3_tts_native.commands.bench import measure_single, zero_eos_copy
+    from qwen3_tts_native.commands.bench import measure_single, measure_ttfa, zero_eos_copy
 
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
@@ -33,6 +33,7 @@ def measure(args: argparse.Namespace) -> int:
         single = measure_single(engine, 64, args.runs)
         figures["single_stream_rtf"] = single["rtf"]["median"]
         figures["frame_loop_rtf"] = single["frame_loop_rtf"]["median"]
+        figures["ttfa_p50_ms"] = measure_ttfa(engine, 20)["p50"]
         result["modes"][mode] = figures
         print(args.tag, mode, json.dumps(figures), flush=True)
         del engine

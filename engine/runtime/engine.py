@@ -492,7 +492,10 @@ class VoiceDesignEngine:
                 if len(buffer) == (first_packet_frames if sequence == 0 else packet_frames):
                     frames = torch.stack(buffer)
                     if session.frames_emitted < EOS_BAN_FRAMES:
-                        pcm = self.decode_packet(session, frames)
+                        decode = self.launch_decode([session], [frames])
+                        if pending is None and self.can_launch(session):
+                            pending = self.launch_step([session])
+                        pcm = self.collect_decode(decode)[0]
                         yield AudioPacket(sequence, first_frame, len(buffer), pcm, False, None)
                         sequence += 1
                     else:

@@ -388,7 +388,8 @@ def test_synthesize_collects_a_held_packet_after_the_next_frame(
 ) -> None:
     """A full packet that must wait for the next result is decoded at once but collected only when it goes
     out, after the next frame was launched (the codec overlaps it on CUDA); the first packet, sent under the
-    EOS ban, and the final one are collected at once. The bytes equal a blocking decode's."""
+    EOS ban, goes out at once but after frame 1 was launched beside its decode; the final one is collected
+    at once. The bytes equal a blocking decode's."""
     silent = make_engine(tiny_voice_design_config, tiny_tensors, decoder=SilentDecoder())
     monkeypatch.setattr(silent, "start_session", lambda request: silent.open_session(request, PLANS[2]))
     calls: list[str] = []
@@ -409,8 +410,8 @@ def test_synthesize_collects_a_held_packet_after_the_next_frame(
     decodes = [i for i, call in enumerate(calls) if call == "launch_decode"]
     assert len(decodes) == 5 and calls.count("collect_decode") == 5
     first, *held, last_held, final = decodes
-    for index in (first, last_held, final):  # the last held packet: no frame is left to launch
+    for index in (last_held, final):  # the last held packet: no frame is left to launch
         assert calls[index + 1] == "collect_decode", calls
-    for index in held:
+    for index in (first, *held):
         assert calls[index + 1 : index + 3] == ["launch_step", "collect_decode"], calls
     assert all(p.pcm == bytes(len(p.pcm)) for p in packets)
