@@ -468,11 +468,11 @@ class VoiceDesignEngine:
         packet has at least one frame and exactly the last one has `is_final`. A held packet's decode is
         launched when the packet fills and collected when it goes out, so on CUDA the codec works beside the
         next frame instead of stopping the loop (as the server's scheduler does). A packet that ends while
-        the EOS ban still holds (fewer than 2 frames emitted) is decoded and goes out at once: the next step
-        cannot end the session without a frame, so it is not the last (time to first audio does not wait
-        for frame 1). Frames are stepped one ahead (`_solo_next`) from frame 1 on, so a packet 0 of frame 0
-        alone goes out before frame 1 is launched. Launching frame 1 first overlaps that decode with it, but
-        first audio then came ~1.8 ms later (in process, exact, H200: 11.0 ms against 9.2 ms).
+        the EOS ban still holds (fewer than 2 frames emitted) goes out as soon as it is decoded: the next
+        step cannot end the session without a frame, so it is not the last (time to first audio does not wait
+        for frame 1). Frames are stepped one ahead (`_solo_next`), and frame 1 is launched right after packet
+        0's decode, so the two share the GPU: a request 0.6% shorter (exact) and 0.4% (fast), first audio
+        1.4 ms / 0.7 ms later (7.6 -> 9.0 ms exact, H200, benchmarks/results/2026-12-01-run69).
         """
         session = self.start_session(request)
         try:
