@@ -366,7 +366,8 @@ void codec_window_attention(at::Tensor out, at::Tensor next_cache, at::Tensor qk
     check(*t, name, dtype);
   }
   check(positions, "positions", at::kLong);
-  TORCH_CHECK(qkv.dim() == 5 && qkv.is_contiguous(), "qkv must be contiguous [batch, frames, kv_heads, group + 2, dim]");
+  TORCH_CHECK(qkv.dim() == 5 && qkv.is_contiguous(),
+              "qkv must be contiguous [batch, frames, kv_heads, group + 2, dim]");
   const int64_t batch = qkv.size(0), frames = qkv.size(1), kv_heads = qkv.size(2), dim = qkv.size(4);
   const int64_t group = qkv.size(3) - 2;
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == batch * frames * (group + 2) * dim &&
@@ -379,7 +380,8 @@ void codec_window_attention(at::Tensor out, at::Tensor next_cache, at::Tensor qk
   TORCH_CHECK(reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0 && cache.stride(0) % vector == 0 &&
                   cache.stride(1) % vector == 0 && cache.stride(2) % vector == 0,
               "cache rows must be 16-byte aligned");
-  TORCH_CHECK(next_cache.is_contiguous() && next_cache.sizes() == cache.sizes(), "next_cache must be contiguous like cache");
+  TORCH_CHECK(next_cache.is_contiguous() && next_cache.sizes() == cache.sizes(),
+              "next_cache must be contiguous like cache");
   TORCH_CHECK(out.is_contiguous() && out.numel() == batch * frames * kv_heads * group * dim,
               "out must be contiguous [batch, frames, heads * dim]");
   TORCH_CHECK(positions.is_contiguous() && positions.numel() == batch, "positions must be contiguous [batch]");

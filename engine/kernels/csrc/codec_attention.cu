@@ -8,8 +8,9 @@
 //
 // A block per (stream, KV head) stages the window's keys and values as floats in shared memory: the cached
 // slots as stored (RoPE'd keys, values), then the pass's frames, whose keys it rotates the reference's way
-// (torch's mul, then addcmul, each rounded as torch rounds it; `rotated`), from the same cos and sin tensors. It writes the last W - 1 slots out as
-// the next cache. Then a warp per query row: the query rotated likewise, a lane per key slot for the scores
+// (torch's mul, then addcmul, each rounded as torch rounds it; `rotated`), from the same cos and sin tensors.
+// It writes the last W - 1 slots out as the next cache. Then a warp per query row: the query rotated
+// likewise, a lane per key slot for the scores
 // (rows padded by one float, so the lanes' rows fall in different banks), the softmax in float32, a lane per
 // two output dims for the values' weighted sum, rounded once to the element type.
 #include "common.cuh"
@@ -164,7 +165,7 @@ cudaError_t launch(void* out, void* next_cache, const void* qkv, const void* cos
                    const int64_t* positions, const CodecWindowShape& shape, cudaStream_t stream) {
   const int slots = shape.window - 1 + shape.frames;
   const size_t shared_bytes = (static_cast<size_t>(slots) * kRowFloats + kWarps * (kHeadDim + slots)) * sizeof(float);
-  if (shared_bytes > 48 * 1024) {  // passes above 4 frames (a one-shot decode's); a packet's fits the default
+  if (shared_bytes > 48 * 1024) {  // a one-shot decode's 32-frame passes; a packet's fits the default
     const cudaError_t err = cudaFuncSetAttribute(codec_window_attention_kernel<T>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(shared_bytes));
