@@ -34,27 +34,6 @@ struct Samples {
   }
 };
 
-// The samples of one (stream, channel) row: its history and x rows resolved once, for kernels that read many
-// samples of the same row.
-template <typename T>
-struct SampleRow {
-  const T* history;
-  const T* x;
-  int64_t history_stride, x_stride;
-  int context;
-
-  __device__ __forceinline__ SampleRow(const Samples<T>& in, int b, int64_t c)
-      : history(in.context > 0 ? in.history + b * in.history_strides[0] + c * in.history_strides[1] : nullptr),
-        x(in.x + b * in.x_strides[0] + c * in.x_strides[1]),
-        history_stride(in.history_strides[2]),
-        x_stride(in.x_strides[2]),
-        context(in.context) {}
-
-  __device__ __forceinline__ T at(int s) const {
-    return s < context ? history[s * history_stride] : x[(s - context) * x_stride];
-  }
-};
-
 // Row r of the output is (c, k, b) = (r / (K * B), r / B % K, r % B).
 struct RowIndex {
   int b, k;
@@ -216,14 +195,13 @@ __global__ void __launch_bounds__(32 * kConvWarps)
         }
       }
     } else {
-      const SampleRow<T> row(in, b, c);
 #pragma unroll 1
       for (int k = 0; k < taps; ++k) {
         const float wk = to_float(w[k]);
 #pragma unroll
         for (int j = 0; j < kConvOutputs; ++j) {
           const int t = first + 32 * j;
-          if (t < length) acc[j] = fmaf(wk, to_float(row.at(k * dilation + t)), acc[j]);
+          if (t < length) acc[j] = fmaf(wk, to_float(in.at(b, c, static_cast<int64_t>(k) * dilation + t)), acc[j]);
         }
       }
     }
