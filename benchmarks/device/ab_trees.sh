@@ -8,14 +8,17 @@
 #     | tar -x -C /tmp/t && mkdir .whl/tree-<name> && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
 # CODEC_TREES also times those trees' codec packets against the checkout's (codec_packet_time.py, waveforms
 # compared); PARITY_TREES runs those trees' graph parity tests (tests/device/test_graph_parity.py, full snapshot).
-# RUNS: frame_time's timed single-stream requests per mode (default 3).
-# Usage: TREES="attn sampler" [RUNS=3] [CODEC_TREES="attn"] [PARITY_TREES="attn"] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
+# RUNS: frame_time's timed single-stream requests per mode (default 3). TEST_TREES: the trees whose kernel
+# device tests run (default: all of TREES; "" when run_all.sh's tests phase covers the same kernels).
+# Usage: TREES="attn sampler" [RUNS=3] [CODEC_TREES="attn"] [PARITY_TREES="attn"] [TEST_TREES="attn"] [BUDGET_S=540] \
+#   bash benchmarks/device/ab_trees.sh
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 TREES=${TREES:?name the trees under .whl/tree-<name>}
 CODEC_TREES=${CODEC_TREES:-}
 PARITY_TREES=${PARITY_TREES:-}
+TEST_TREES=${TEST_TREES-$TREES}
 OUT=${OUT:-$PWD/out}
 WORK=${QWEN3_TTS_WORK:-/tmp/q3tts}
 ROOT=$PWD
@@ -39,7 +42,7 @@ for name in $TREES; do
 done
 wait "${builds[@]}"  # by pid: a bare wait also waits for the log's tee
 
-for name in $TREES; do
+for name in $TEST_TREES; do
   echo "=== tests/device kernels: $name ($(left)s left)"
   ( cd "$(tree_path "$name")" && PYTHONPATH=$PWD:/tmp/site_common timeout "$(cap 120)" python3 -m pytest -q \
       tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py -p no:cacheprovider 2>&1 | tail -6 )

@@ -67,7 +67,11 @@ def test_sampling_kernel_matches_reference_on_a_million_rows(ext, report_dir: Pa
                 expected = sampling.sample_with_uniform(logits, u, params, history, banned)
                 got = ops.sample_talker(logits, u, params, history, frames, EOS)
             else:
-                expected = sampling.sample_with_uniform(logits, u, params)
+                # Every other chunk as the frame gives them: bfloat16 logits (their top-k path selects on the
+                # logits' 16 bits before the temperature).
+                if (done // CHUNK) % 2:
+                    logits = logits.to(torch.bfloat16)
+                expected = sampling.sample_with_uniform(logits.float(), u, params)
                 got = ops.sample_predictor(logits, u, params)
             bad = (got != expected).nonzero().flatten()
             mismatches[role] += int(bad.numel())

@@ -69,16 +69,44 @@ __device__ int block_min_int(int v, int* scratch) {
   return v;
 }
 
-__device__ int block_max_int(int v, int* scratch) { return -block_min_int(-v, scratch); }
+// (the block's minimum of `low`, its maximum of `high`) in one exchange: both reductions share their barriers.
+// `scratch` holds 64 ints.
+__device__ int2 block_min_max_int(int low, int high, int* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    low = min(low, __shfl_xor_sync(0xffffffffu, low, off));
+    high = max(high, __shfl_xor_sync(0xffffffffu, high, off));
+  }
+  __syncthreads();
+  if (lane == 0) {
+    scratch[warp] = low;
+    scratch[32 + warp] = high;
+  }
+  __syncthreads();
+  const bool live = lane < static_cast<int>(blockDim.x >> 5);
+  low = live ? scratch[lane] : INT_MAX;
+  high = live ? scratch[32 + lane] : INT_MIN;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    low = min(low, __shfl_xor_sync(0xffffffffu, low, off));
+    high = max(high, __shfl_xor_sync(0xffffffffu, high, off));
+  }
+  return make_int2(low, high);
+}
 
-// The k-th largest of the block's scores (k >= 1, counting repeats), in 4 radix passes of 8 bits over the
-// ordered keys: the value keys[size - k] of the sorted path, without sorting. Every thread returns it.
+// The k-th largest of the block's scores (k >= 1, counting repeats), in radix passes of 8 bits over the
+// ordered keys: the value keys[size - k] of the sorted path, without sorting. Every thread returns it. With
+// kBf16Scores the scores are bfloat16 values (the low 16 bits of each float are zero), so the ordered keys'
+// low 16 bits follow from the sign and two passes find the value instead of four.
+template <bool kBf16Scores>
 __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int k, unsigned int* hist,
                                    int* selected) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kLastShift = kBf16Scores ? 16 : 0;
   uint32_t prefix = 0u, mask = 0u;
   int remaining = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = 24; shift >= kLastShift; shift -= 8) {
     for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0u;
     __syncthreads();
 #pragma unroll
@@ -122,6 +150,8 @@ __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int 
     remaining = selected[1];
     __syncthreads();
   }
+  // A non-negative bf16 value's ordered key ends in zeros, a negative one's in ones (ordered() flips it).
+  if (kBf16Scores) prefix |= (prefix & 0x80000000u) ? 0u : 0xffffu;
   return unordered(prefix);
 }
 
@@ -132,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   __shared__ uint8_t dropped[kThreads * kPerThread];
   __shared__ double dscratch[32];
   __shared__ float fscratch[32];
-  __shared__ int iscratch[32];
+  __shared__ int iscratch[64];
   __shared__ unsigned int hist[256];
 
   const int row = blockIdx.x;
@@ -176,10 +206,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     const float m = block_max(best, fscratch);
     chosen = block_min_int(best == m ? best_i : vocab, iscratch);
   } else {
-    // 2b. temperature (true division, as the reference's tensor division).
     const float t = a.temperature[row];
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) s[j] = s[j] / t;
     const int64_t k = a.top_k[row];
     const double top_p = a.top_p[row];
     const bool cut_k = k > 0 && k < vocab;
@@ -188,13 +215,20 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     float kth = -CUDART_INF_F;
     int size = 1;
     while (size < vocab) size <<= 1;
+    // Top-k alone needs only the k-th largest score and the maximum, not the order. Scores that are still the
+    // bf16 logits (no penalty) take the two-pass selection, before the temperature: x / t is monotone in x,
+    // so the k-th largest of the scaled scores is the scaled k-th largest, the same float.
+    const bool kth_of_logits = cut_k && !cut_p && a.logits_bf16 && seen == nullptr;
+    if (kth_of_logits) kth = block_kth_largest<true>(s, vocab, static_cast<int>(k), hist, iscratch) / t;
+    // 2b. temperature (true division, as the reference's tensor division).
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) s[j] = s[j] / t;
     if (cut_k && !cut_p) {
-      // Top-k alone needs only the k-th largest score and the maximum, not the order.
       float m = -CUDART_INF_F;
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
       max_score = block_max(m, fscratch);
-      kth = block_kth_largest(s, vocab, static_cast<int>(k), hist, iscratch);
+      if (!kth_of_logits) kth = block_kth_largest<false>(s, vocab, static_cast<int>(k), hist, iscratch);
     } else if (cut_p) {
       // Stable ascending order: key = (ordered value, id); padding keys (0) sort first.
       const int pad = size - vocab;
@@ -284,9 +318,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
       run += w[j];
       if (first == vocab && w[j] > 0.0 && run > threshold) first = tid * kPerThread + j;
     }
-    first = block_min_int(first, iscratch);
-    last_nonzero = block_max_int(last_nonzero, iscratch);
-    chosen = min(first, last_nonzero);
+    const int2 first_last = block_min_max_int(first, last_nonzero, iscratch);
+    chosen = min(first_last.x, first_last.y);
   }
   if (tid == 0) a.out[static_cast<int64_t>(row) * a.out_stride] = chosen;
   if (a.embed_table != nullptr) {
