@@ -98,22 +98,26 @@ __device__ int2 block_min_max_int(int low, int high, int* scratch) {
 // The k-th largest of the block's scores (k >= 1, counting repeats), in radix passes of 8 bits over the
 // ordered keys: the value keys[size - k] of the sorted path, without sorting. Every thread returns it. With
 // kBf16Scores the scores are bfloat16 values (the low 16 bits of each float are zero), so the ordered keys'
-// low 16 bits follow from the sign and two passes find the value instead of four.
+// low 16 bits follow from the sign and two passes find the value instead of four. Each pass has its own
+// histogram and result slot (`hist` [4][256], `selected` [4][2]), all cleared before the first pass: two
+// barriers a pass, not four.
 template <bool kBf16Scores>
-__device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int k, unsigned int* hist,
-                                   int* selected) {
+__device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int k, unsigned int (*hist)[256],
+                                   int (*selected)[2]) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kLastShift = kBf16Scores ? 16 : 0;
+  constexpr int kPasses = kBf16Scores ? 2 : 4;
+  for (int b = tid; b < kPasses * 256; b += blockDim.x) hist[b / 256][b % 256] = 0u;
+  __syncthreads();
   uint32_t prefix = 0u, mask = 0u;
   int remaining = k;
-  for (int shift = 24; shift >= kLastShift; shift -= 8) {
-    for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0u;
-    __syncthreads();
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = 24 - 8 * pass;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int i = tid * kPerThread + j;
       const uint32_t u = ordered(s[j]);
-      if (i < vocab && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+      if (i < vocab && (u & mask) == prefix) atomicAdd(&hist[pass][(u >> shift) & 255u], 1u);
     }
     __syncthreads();
     if (warp == 0) {
@@ -122,7 +126,7 @@ __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int 
       int sum = 0;
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
-        count[t] = static_cast<int>(hist[255 - 8 * lane - t]);
+        count[t] = static_cast<int>(hist[pass][255 - 8 * lane - t]);
         sum += count[t];
       }
       int inclusive = sum;
@@ -137,18 +141,17 @@ __device__ float block_kth_largest(const float (&s)[kPerThread], int vocab, int 
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           if (run < remaining && remaining <= run + count[t]) {
-            selected[0] = 255 - 8 * lane - t;
-            selected[1] = remaining - run;
+            selected[pass][0] = 255 - 8 * lane - t;
+            selected[pass][1] = remaining - run;
           }
           run += count[t];
         }
       }
     }
     __syncthreads();
-    prefix |= static_cast<uint32_t>(selected[0]) << shift;
+    prefix |= static_cast<uint32_t>(selected[pass][0]) << shift;
     mask |= 255u << shift;
-    remaining = selected[1];
-    __syncthreads();
+    remaining = selected[pass][1];
   }
   // A non-negative bf16 value's ordered key ends in zeros, a negative one's in ones (ordered() flips it).
   if (kBf16Scores) prefix |= (prefix & 0x80000000u) ? 0u : 0xffffu;
@@ -163,7 +166,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   __shared__ double dscratch[32];
   __shared__ float fscratch[32];
   __shared__ int iscratch[64];
-  __shared__ unsigned int hist[256];
+  __shared__ unsigned int hist[4][256];
+  __shared__ int selected[4][2];
 
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
@@ -219,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     // bf16 logits (no penalty) take the two-pass selection, before the temperature: x / t is monotone in x,
     // so the k-th largest of the scaled scores is the scaled k-th largest, the same float.
     const bool kth_of_logits = cut_k && !cut_p && a.logits_bf16 && seen == nullptr;
-    if (kth_of_logits) kth = block_kth_largest<true>(s, vocab, static_cast<int>(k), hist, iscratch) / t;
+    if (kth_of_logits) kth = block_kth_largest<true>(s, vocab, static_cast<int>(k), hist, selected) / t;
     // 2b. temperature (true division, as the reference's tensor division).
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) s[j] = s[j] / t;
@@ -228,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
       max_score = block_max(m, fscratch);
-      if (!kth_of_logits) kth = block_kth_largest<false>(s, vocab, static_cast<int>(k), hist, iscratch);
+      if (!kth_of_logits) kth = block_kth_largest<false>(s, vocab, static_cast<int>(k), hist, selected);
     } else if (cut_p) {
       // Stable ascending order: key = (ordered value, id); padding keys (0) sort first.
       const int pad = size - vocab;
@@ -266,9 +270,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
       max_score = block_max(m, fscratch);
     }
 
-    for (int p = tid; p < vocab; p += kThreads) dropped[p] = 0;
-    __syncthreads();
     if (cut_p) {
+      for (int p = tid; p < vocab; p += kThreads) dropped[p] = 0;
+      __syncthreads();
       // 3. top-p over sorted positions: cumulative mass (float64 running sum, rounded to fp32) <= 1 - p
       // is dropped, the largest is always kept. Top-k's dropped values form a prefix with zero mass.
       const float threshold = static_cast<float>(1.0 - top_p);
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int i = tid * kPerThread + j;
-      const bool kept = i < vocab && !(cut_k && s[j] < kth) && !dropped[min(i, vocab - 1)];
+      const bool kept = i < vocab && !(cut_k && s[j] < kth) && !(cut_p && dropped[min(i, vocab - 1)]);
       w[j] = kept ? static_cast<double>(expf(s[j] - max_score)) : 0.0;
       if (w[j] > 0.0) last_nonzero = i;
       local += w[j];
