@@ -129,11 +129,16 @@ class CodecStreamState:
     def compact(self) -> None:
         """Copy every cache and history into storage of its own, so that a state kept between packets holds
         its own ~5 MB per stream (float32) and not also the activations its entries are views of (~7 MB a
-        frame)."""
-        self.kv = [t.clone(memory_format=torch.contiguous_format) for t in self.kv]
-        self.history = {
-            name: h.clone(memory_format=torch.contiguous_format) for name, h in self.history.items()
-        }
+        frame). Entries that already own exactly their storage (the window attention kernel's next caches)
+        are kept as they are."""
+        self.kv = [_own_storage(t) for t in self.kv]
+        self.history = {name: _own_storage(h) for name, h in self.history.items()}
+
+
+def _own_storage(t: Tensor) -> Tensor:
+    """t itself when it is contiguous and its storage holds exactly it, else a contiguous copy."""
+    whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    return t if whole and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
 
 
 class _Derived(nn.Module):

@@ -384,6 +384,10 @@ def test_state_owns_its_storage_between_packets(decoder32: SpeechDecoder, codes:
     for tensor in state.kv + list(state.history.values()):
         assert tensor.is_contiguous()
         assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    # Compacting again copies nothing: every entry already owns its storage.
+    before = [t.data_ptr() for t in state.kv + list(state.history.values())]
+    state.compact()
+    assert [t.data_ptr() for t in state.kv + list(state.history.values())] == before
 
 
 def test_derived_tensors_follow_load_and_conversion(decoder32: SpeechDecoder, codes: Tensor) -> None:
