@@ -31,12 +31,8 @@ struct alignas(16) Vec16 {
   T v[kElems];
 };
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const bf16* p) { return to_f(*p); }
 __device__ __forceinline__ float round_to(float x, float) { return x; }
 __device__ __forceinline__ float round_to(float x, bf16) { return round_bf(x); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(bf16* p, float v) { *p = to_bf(v); }
 
 // Element d of a rotated head row x (kHeadDim elements), as torch computes qkv * cos, then
 // addcmul(that, roll(qkv, D / 2), sin): round(fma(roll(x)[d], sin[d], round(x[d] * cos[d]))). Adding the
@@ -45,8 +41,8 @@ __device__ __forceinline__ void store(bf16* p, float v) { *p = to_bf(v); }
 template <typename T>
 __device__ __forceinline__ float rotated(const T* x, const T* cos, const T* sin, int d) {
   const T zero{};
-  const float scaled = round_to(__fmul_rn(load(x + d), load(cos + d)), zero);
-  return round_to(fmaf(load(x + (d + kHeadDim / 2) % kHeadDim), load(sin + d), scaled), zero);
+  const float scaled = round_to(__fmul_rn(to_float(x[d]), to_float(cos[d])), zero);
+  return round_to(fmaf(to_float(x[(d + kHeadDim / 2) % kHeadDim]), to_float(sin[d]), scaled), zero);
 }
 
 template <typename T>
@@ -90,7 +86,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       if (i < cached_vecs) {
         float* row = keys + (i / kRowVecs) * kRowFloats + (i % kRowVecs) * E;
 #pragma unroll
-        for (int j = 0; j < E; ++j) row[j] = load(&v[u].v[j]);
+        for (int j = 0; j < E; ++j) row[j] = to_float(v[u].v[j]);
       }
     }
   }
@@ -102,7 +98,8 @@ __global__ void __launch_bounds__(32 * kWarps)
       const int key = group * kHeadDim;
       v = rotated(rows + key, frame_cos + frame * row_elems + key, frame_sin + frame * row_elems + key, e);
     } else {  // the value row: angle 0, so the reference's rotation leaves it as it is
-      v = load(rows + (group + 1) * kHeadDim + e - kHeadDim);
+      const T* value = rows + (group + 1) * kHeadDim;
+      v = to_float(value[e - kHeadDim]);
     }
     keys[(cached + frame) * kRowFloats + e] = v;
   }
@@ -113,7 +110,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const float* row = keys + (i / kRowVecs + frames) * kRowFloats + (i % kRowVecs) * E;
     Vec16<T> v;
 #pragma unroll
-    for (int j = 0; j < E; ++j) store(&v.v[j], row[j]);
+    for (int j = 0; j < E; ++j) store_float(&v.v[j], row[j]);
     *reinterpret_cast<Vec16<T>*>(head_next + i * E) = v;
   }
 
@@ -154,7 +151,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     for (int d = lane; d < kHeadDim; d += 32) {
       float acc = 0.0f;
       for (int s = first; s <= last; ++s) acc = fmaf(my_weights[s - first], keys[s * kRowFloats + kHeadDim + d], acc);
-      store(out_row + d, acc / total);
+      store_float(out_row + d, acc / total);
     }
     __syncwarp();
   }

@@ -19,6 +19,13 @@ __device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16_rn(x); 
 // One torch bf16 elementwise op: compute in fp32, round once to bf16, return as float.
 __device__ __forceinline__ float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
+// An element of a kernel templated on float32 or bf16, read as float32, and a float32 stored as one (rounded
+// to nearest for bf16).
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return to_f(v); }
+__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_float(bf16* p, float v) { *p = to_bf(v); }
+
 // Programmatic dependent launch (launch.cuh), device side. `wait_for_previous_kernel` returns once the previous
 // kernel in the stream has finished and its writes are visible; `allow_next_kernel` lets the next kernel's
 // blocks be scheduled now (they run up to their own wait). Both are no-ops without a programmatic dependency.

@@ -70,8 +70,6 @@ __device__ __forceinline__ __nv_bfloat162 snake2(__nv_bfloat162 x2, float freq, 
 
 __device__ __forceinline__ float load(const float* p) { return *p; }
 __device__ __forceinline__ bf16 load(const bf16* p) { return *p; }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(bf16* p, float v) { *p = to_bf(v); }
 
 template <typename T>
 __global__ void snake_beta_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ freq,
@@ -86,7 +84,7 @@ __global__ void snake_beta_kernel(T* __restrict__ out, const T* __restrict__ x, 
     const int b = row / channels;
     T v = x[b * batch_stride + c * channel_stride + t * time_stride];
     if (bias != nullptr) v = add(v, load(bias + c));
-    store(out + i, snake(v, load(freq + c), load(inv_beta + c)));
+    store_float(out + i, snake(v, load(freq + c), load(inv_beta + c)));
   }
 }
 
@@ -106,7 +104,7 @@ __device__ __forceinline__ void snake8(Pack8<float>& o, const Pack8<float>& v, f
   for (int j = 0; j < 8; ++j) {
     float e = v.v[j];
     if (bias != nullptr) e = add(e, load(bias + c));
-    store(&o.v[j], snake(e, f, beta));
+    store_float(&o.v[j], snake(e, f, beta));
   }
 }
 
@@ -130,7 +128,7 @@ __device__ __forceinline__ void snake8(Pack8<bf16>& o, const Pack8<bf16>& v, bf1
     for (int j = 0; j < 8; ++j) {
       bf16 e = v.v[j];
       if (bias != nullptr) e = add(e, load(bias + c));
-      store(&o.v[j], snake(e, f, beta));
+      store_float(&o.v[j], snake(e, f, beta));
     }
   }
 }

@@ -158,11 +158,6 @@ cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t 
 constexpr int kConvWarps = 16;
 constexpr int kConvOutputs = 2;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(bf16 v) { return to_f(v); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(bf16* p, float v) { *p = to_bf(v); }
-
 // kTaps > 0: the tap count, unrolled; 0: `kernel` taps at run time.
 template <typename T, int kTaps>
 __global__ void __launch_bounds__(32 * kConvWarps)
