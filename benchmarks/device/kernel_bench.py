@@ -107,7 +107,7 @@ def graph_gemv_table() -> list[dict[str, Any]]:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     for call in range(GRAPH_CALLS):
-                        ext.gemv(out, x, ring[call % copies], scale, None)
+                        ext.gemv(out, x, ring[call % copies], scale, None, -1)
                 us = bench_us(graph.replay) / GRAPH_CALLS
                 label = "dependent_launch" if dependent else "plain_launch"
                 weight_bytes = data.numel() * data.element_size()

@@ -350,6 +350,7 @@ def rms_norm_linear(
     weight: Tensor | QuantizedWeight,
     delta: Tensor | None = None,
     swiglu: bool = False,
+    l2_keep: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(product, s): s = x + delta (x itself when delta is None), the product `linear` (or `linear_swiglu`)
     of rms_norm(s) * norm_weight. x and delta are left as they are; s is a new tensor when delta is given.
@@ -371,14 +372,14 @@ def rms_norm_linear(
     if operands is None or not fits or rows.shape[0] == 0:
         s = x if delta is None else x.clone()
         h = rms_norm(x, norm_weight, eps) if delta is None else add_rms_norm_(delta, s, norm_weight, eps)
-        return (linear_swiglu(h, weight) if swiglu else linear(h, weight)), s
+        return (linear_swiglu(h, weight, l2_keep) if swiglu else linear(h, weight, l2_keep=l2_keep)), s
     ext, x_rows, data, scale = operands
     width = data.shape[0] // 2 if swiglu else data.shape[0]
     y = torch.empty(x_rows.shape[0], width, dtype=x.dtype, device=x.device)
     s = x if delta is None else torch.empty_like(x)
     delta_rows = None if delta is None else delta.view(x_rows.shape)
     sum_rows = None if delta is None else s.view(x_rows.shape)
-    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu)
+    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu, _l2(l2_keep))
     return y.view(*x.shape[:-1], width), s
 
 
@@ -461,8 +462,17 @@ def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Te
     return out
 
 
-def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+def _l2(keep: int | None) -> int:
+    return -1 if keep is None else keep
+
+
+def linear(
+    x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None, l2_keep: int | None = None
+) -> Tensor:
     """x @ W^T (+ bias) for bf16 or weight-only 8-bit W, one warp per output row (batch invariant).
+
+    `l2_keep` ranks the kernel's weight loads in the L2 (no effect on the result): None, no hint; else the
+    weight's first l2_keep bytes are kept (evict_last) and the rest streamed (evict_first).
 
     Kernel tolerance vs the reference: bf16 W, 1e-2 relative L2 (fp32 accumulation in another order);
     8-bit W, 1e-2 relative L2 against the fp32 product of the stored codes.
@@ -472,7 +482,7 @@ def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = No
         return reference.linear(x, weight, bias)
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
-    ext.gemv(out, rows, data, scale, bias)
+    ext.gemv(out, rows, data, scale, bias, _l2(l2_keep))
     return out.view(*x.shape[:-1], data.shape[0])
 
 
@@ -526,7 +536,7 @@ def fp8_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
+def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight, l2_keep: int | None = None) -> Tensor:
     """SiLU(x @ gate^T) * (x @ up^T) for the fused weight gate_up = [gate; up] [2I, in]: [.., I].
 
     One kernel instead of the GEMV and `silu_mul`: a warp computes gate row i and up row I + i and writes
@@ -538,7 +548,7 @@ def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
         return reference.linear_swiglu(x, gate_up)
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
-    ext.gemv_swiglu(out, rows, data, scale)
+    ext.gemv_swiglu(out, rows, data, scale, _l2(l2_keep))
     return out.view(*x.shape[:-1], data.shape[0] // 2)
 
 

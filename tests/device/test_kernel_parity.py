@@ -258,6 +258,27 @@ def test_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore
     assert torch.equal(ops.linear(x[-1:], weight, bias)[0], out[-1])
 
 
+@pytest.mark.parametrize("n", [1, 2, 17])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
+@pytest.mark.parametrize("keep_share", [0.0, 0.37, 1.0, 2.0])
+def test_l2_ranks_leave_the_gemvs_results(ext, n: int, kind: str, keep_share: float) -> None:  # type: ignore[no-untyped-def]
+    """`l2_keep` ranks the weight's loads in the L2 (streamed, partly kept, kept, or more than the weight
+    kept). That moves where its lines wait, never a product: the plain, SwiGLU and normed GEMVs equal their
+    unhinted results bit for bit."""
+    k, m = 1024, 3072
+    x = torch.randn(n, k, device="cuda", dtype=BF16)
+    w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    data = weight if isinstance(weight, torch.Tensor) else weight.data
+    keep = int(keep_share * data.numel() * data.element_size())
+    assert torch.equal(ops.linear(x, weight, l2_keep=keep), ops.linear(x, weight))
+    assert torch.equal(ops.linear_swiglu(x, weight, keep), ops.linear_swiglu(x, weight))
+    if n <= 4:
+        norm = (1 + 0.1 * torch.randn(k, device="cuda")).to(BF16)
+        hinted, _ = ops.rms_norm_linear(x, norm, 1e-6, weight, l2_keep=keep)
+        assert torch.equal(hinted, ops.rms_norm_linear(x, norm, 1e-6, weight)[0])
+
+
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_frame_embedding(ext, rows: int) -> None:  # type: ignore[no-untyped-def]
     """The one-kernel talker input against the 16 gathers, the stacked sum and the add: the kernel sums in

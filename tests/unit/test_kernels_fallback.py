@@ -5,6 +5,7 @@ frame as `step.decode_frames` when its ops run on those references."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import pytest
 import torch
@@ -393,3 +394,25 @@ def test_a_prompt_layout_attends_like_the_decode_attention() -> None:
     expected = reference.decode_attention(queries, k_cache, v_cache, row_slots, positions + 1, dim**-0.5)
     assert got.shape == expected.shape == (sum(lengths), heads * dim)
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_l2_plan_keeps_one_share_of_every_predictor_weight(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+) -> None:
+    """The predictor's GEMV weights keep the same share of their bytes (128-byte lines, `keep` bytes at most
+    in all) and every other frame weight is streamed; on CPU (no L2 to plan) nothing is kept."""
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
+    frame = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
+    streamed = [frame.codec_head, frame.projection, *frame.heads]
+    for block in frame.talker_blocks + frame.predictor_blocks:
+        streamed += [block.qkv, block.o, block.gate_up, block.down]
+    assert all(weight.l2_keep == 0 for weight in streamed)
+    weights = [w for b in frame.predictor_blocks for w in (b.qkv, b.o, b.gate_up, b.down)]
+    total = sum(w.small_bytes for w in weights)
+    keep = total // 3
+    planned = graphs._l2_plan(frame.predictor_blocks, keep)
+    kept = [cast(int, w.l2_keep) for b in planned for w in (b.qkv, b.o, b.gate_up, b.down)]
+    assert all(k % 128 == 0 for k in kept) and sum(kept) <= keep
+    for weight, k in zip(weights, kept, strict=True):
+        assert weight.small_bytes // 3 - 128 <= k <= weight.small_bytes // 3

@@ -217,7 +217,7 @@ int64_t check_gemv_output(const at::Tensor& y, const at::Tensor& x, const at::Te
 
 // y = x @ w^T (+ bias), or with `swiglu` y = SiLU(x @ gate^T) * (x @ up^T) for w = [gate; up].
 void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-               bool swiglu) {
+               bool swiglu, int64_t l2_keep) {
   check(x, "x", at::kBFloat16);
   check_rows(x, "x");
   const GemvWeight weight = check_gemv_weight(x, w, scale);
@@ -230,13 +230,14 @@ void gemv_impl(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tenso
   }
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), weight.scale, b, x.size(0), x.size(1), outputs,
-                 x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
+                 x.stride(0), y.stride(0), weight.kind, swiglu, l2_keep, stream()),
      "gemv");
 }
 
 // y = gemv(RMSNorm(x + delta) * norm_weight, w) (SwiGLU with `swiglu`), writing x + delta to sum_out when given.
 void gemv_rms_norm(at::Tensor y, at::Tensor x, c10::optional<at::Tensor> delta, c10::optional<at::Tensor> sum_out,
-                   at::Tensor norm_weight, double eps, at::Tensor w, c10::optional<at::Tensor> scale, bool swiglu) {
+                   at::Tensor norm_weight, double eps, at::Tensor w, c10::optional<at::Tensor> scale, bool swiglu,
+                   int64_t l2_keep) {
   check(x, "x", at::kBFloat16);
   check_rows(x, "x");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 4, "gemv_rms_norm takes 1 to 4 rows");
@@ -256,16 +257,17 @@ void gemv_rms_norm(at::Tensor y, at::Tensor x, c10::optional<at::Tensor> delta, 
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::gemv_rms_norm(y.data_ptr(), x.data_ptr(), pointers[0], pointers[1], norm_weight.data_ptr(),
                           static_cast<float>(eps), w.data_ptr(), weight.scale, x.size(0), x.size(1), outputs,
-                          x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
+                          x.stride(0), y.stride(0), weight.kind, swiglu, l2_keep, stream()),
      "gemv_rms_norm");
 }
 
-void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias) {
-  gemv_impl(y, x, w, scale, bias, false);
+void gemv(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
+          int64_t l2_keep) {
+  gemv_impl(y, x, w, scale, bias, false, l2_keep);
 }
 
-void gemv_swiglu(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale) {
-  gemv_impl(y, x, w, scale, c10::nullopt, true);
+void gemv_swiglu(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale, int64_t l2_keep) {
+  gemv_impl(y, x, w, scale, c10::nullopt, true, l2_keep);
 }
 
 void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_beta, c10::optional<at::Tensor> bias) {

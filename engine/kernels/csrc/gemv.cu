@@ -24,6 +24,38 @@ constexpr int kWarps = 8;
 constexpr int kUnroll = 4;
 constexpr int kMaxNormRows = 4;  // activation rows a normed GEMV takes (one tile, normed by every block)
 
+// How a GEMV's weight loads rank in the L2 (`gemv`'s l2_keep, launchers.h): the weight's first keep_bytes
+// evict_last, the rest evict_first; total_bytes 0 leaves the loads unhinted (evict_normal).
+struct L2Priority {
+  uint32_t keep_bytes;
+  uint32_t total_bytes;
+};
+
+__device__ __forceinline__ uint64_t weight_policy(const void* w, L2Priority l2) {
+  uint64_t policy;
+  if (l2.total_bytes == 0) {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  } else if (l2.keep_bytes == 0) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  } else if (l2.keep_bytes >= l2.total_bytes) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.range.global.L2::evict_last.L2::evict_first.b64 %0, [%1], %2, %3;"
+                 : "=l"(policy)
+                 : "l"(w), "r"(l2.keep_bytes), "r"(l2.total_bytes));
+  }
+  return policy;
+}
+
+// A 16-byte weight chunk through the read-only path, ranked in the L2 by `policy`.
+__device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+}
+
 template <WeightKind K>
 struct Chunk;
 
@@ -76,12 +108,12 @@ struct Chunk<WeightKind::kFp8E4M3> {
 // One batch of this lane's weight chunks (base, base + 32 * S, ...; kUnroll of them) of each of the R rows.
 template <int R, int S>
 __device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint4* const (&rows)[R], int base,
-                                            int chunks) {
+                                            int chunks, uint64_t policy) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int c = base + u * 32 * S;
 #pragma unroll
-    for (int r = 0; r < R; ++r) raw[r][u] = c < chunks ? __ldg(rows[r] + c) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < R; ++r) raw[r][u] = c < chunks ? load_weight(rows[r] + c, policy) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -96,7 +128,7 @@ __device__ __forceinline__ void load_chunks(uint4 (&raw)[R][kUnroll], const uint
 template <WeightKind K, int NT, int R, bool kSharedX, int S>
 __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw)[R][kUnroll],
                                                 const uint4* const (&rows)[R], const bf16* __restrict__ x,
-                                                int rows_here, int k, int x_stride, int part) {
+                                                int rows_here, int k, int x_stride, int part, uint64_t policy) {
   using C = Chunk<K>;
   constexpr int E = C::kElems;
   constexpr int kStep = 32 * S * kUnroll;
@@ -126,7 +158,7 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[R][NT], uint4 (&raw
         }
       }
     }
-    if (base + kStep < chunks) load_chunks<R, S>(raw, rows, base + kStep, chunks);
+    if (base + kStep < chunks) load_chunks<R, S>(raw, rows, base + kStep, chunks, policy);
   }
 }
 
@@ -196,12 +228,12 @@ __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__
 template <WeightKind K, int NT, int R, bool kNorm, int S = 1>
 __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* const (&rows)[R], bool active,
                                           const bf16* __restrict__ x, int rows_here, int k, int x_stride,
-                                          const InputNorm& norm, int part = 0) {
+                                          const InputNorm& norm, uint64_t policy, int part = 0) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   allow_next_kernel();
   uint4 raw[R][kUnroll];
   const int chunks = k / Chunk<K>::kElems;
-  if (active) load_chunks<R, S>(raw, rows, (threadIdx.x & 31) + 32 * part, chunks);
+  if (active) load_chunks<R, S>(raw, rows, (threadIdx.x & 31) + 32 * part, chunks, policy);
   wait_for_previous_kernel();
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -212,9 +244,9 @@ __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* cons
     static_assert(S == 1, "a normed GEMV keeps one warp per row");
     bf16* normed = reinterpret_cast<bf16*>(shared_bytes);
     norm_rows<NT>(normed, x, x_stride, rows_here, k, norm);
-    if (active) accumulate_rows<K, NT, R, true, 1>(acc, raw, rows, normed, rows_here, k, k, 0);
+    if (active) accumulate_rows<K, NT, R, true, 1>(acc, raw, rows, normed, rows_here, k, k, 0, policy);
   } else {
-    if (active) accumulate_rows<K, NT, R, false, S>(acc, raw, rows, x, rows_here, k, x_stride, part);
+    if (active) accumulate_rows<K, NT, R, false, S>(acc, raw, rows, x, rows_here, k, x_stride, part, policy);
   }
 }
 
@@ -242,7 +274,7 @@ template <WeightKind K, int NT, bool kNorm, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                 const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
-                int x_stride, int y_stride, InputNorm norm) {
+                int x_stride, int y_stride, InputNorm norm, L2Priority l2) {
   static_assert(kWarps % S == 0, "whole rows in a block");
   const int warp = threadIdx.x >> 5;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
@@ -251,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rows_here = min(NT, n);
   const uint4* const rows[1] = {weight_row<K>(w, active ? row : 0, k)};
   float acc[1][NT];
-  gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, part);
+  gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, weight_policy(w, l2), part);
   if constexpr (S == 1) {
     if (!active) return;
 #pragma unroll
@@ -289,13 +321,13 @@ template <WeightKind K, int NT, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32, NT == 1 && K == WeightKind::kBf16 ? 4 : 0)
     gemv_swiglu_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ scale, int n, int k, int m, int x_stride, int y_stride,
-                       InputNorm norm) {
+                       InputNorm norm, L2Priority l2) {
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const bool active = row < m;
   const int rows_here = min(NT, n);
   const uint4* const rows[2] = {weight_row<K>(w, active ? row : 0, k), weight_row<K>(w, active ? m + row : 0, k)};
   float acc[2][NT];
-  gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm);
+  gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm, weight_policy(w, l2));
   if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
@@ -310,7 +342,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && K == WeightKind::kBf16
 // `norm`, one launch for all n <= kMaxNormRows rows, each block norming them into shared memory.
 template <WeightKind K>
 cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float* scale, const void* bias_in, int n,
-                   int k, int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm,
+                   int k, int m, int x_stride, int y_stride, bool swiglu, const InputNorm* norm, L2Priority l2,
                    cudaStream_t stream) {
   auto* y = static_cast<bf16*>(y_out);
   auto* x = static_cast<const bf16*>(x_in);
@@ -321,9 +353,9 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
   if (norm != nullptr) {
 #define Q3TTS_NORMED(NT)                                                                                      \
   swiglu ? launch_kernel_shared(gemv_swiglu_kernel<K, NT, true>, grid, block, NT * k * sizeof(bf16), stream, y, x, \
-                                w, scale, n, k, m, x_stride, y_stride, *norm)                                  \
+                                w, scale, n, k, m, x_stride, y_stride, *norm, l2)                                  \
          : launch_kernel_shared(gemv_kernel<K, NT, true, 1>, grid, block, NT * k * sizeof(bf16), stream, y, x, w, \
-                                scale, bias, n, k, m, x_stride, y_stride, *norm)
+                                scale, bias, n, k, m, x_stride, y_stride, *norm, l2)
     const cudaError_t err = n <= 1 ? Q3TTS_NORMED(1) : n <= 2 ? Q3TTS_NORMED(2) : Q3TTS_NORMED(kMaxNormRows);
 #undef Q3TTS_NORMED
     return err;
@@ -339,10 +371,10 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
     bf16* yt = y + static_cast<int64_t>(n0) * y_stride;
 #define Q3TTS_PLAIN(NT, S)                                                                                    \
   launch_kernel(gemv_kernel<K, NT, false, S>, split_grid, block, stream, yt, xt, w, scale, bias, tile, k, m,   \
-                x_stride, y_stride, none)
+                x_stride, y_stride, none, l2)
 #define Q3TTS_TILE(NT)                                                                                        \
   swiglu ? launch_kernel(gemv_swiglu_kernel<K, NT, false>, grid, block, stream, yt, xt, w, scale, tile, k, m,  \
-                         x_stride, y_stride, none)                                                            \
+                         x_stride, y_stride, none, l2)                                                        \
          : split == 4 ? Q3TTS_PLAIN(NT, 4) : split == 2 ? Q3TTS_PLAIN(NT, 2) : Q3TTS_PLAIN(NT, 1)
     cudaError_t err;
     switch (tile) {
@@ -362,16 +394,22 @@ cudaError_t launch(void* y_out, const void* x_in, const void* w_in, const float*
 
 cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
                        int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, const InputNorm* norm,
-                       cudaStream_t stream) {
+                       int64_t l2_keep, cudaStream_t stream) {
   const int elems = kind == WeightKind::kBf16 ? 8 : 16;
   if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
+  const int64_t bytes = static_cast<int64_t>(swiglu ? 2 * m : m) * k * (kind == WeightKind::kBf16 ? 2 : 1);
+  if (l2_keep >= 0 && bytes > UINT32_MAX) return cudaErrorInvalidValue;
+  const L2Priority l2 = l2_keep < 0 ? L2Priority{0, 0}
+                                    : L2Priority{static_cast<uint32_t>(l2_keep < bytes ? l2_keep : bytes),
+                                                 static_cast<uint32_t>(bytes)};
   switch (kind) {
     case WeightKind::kBf16:
-      return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+      return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, l2, stream);
     case WeightKind::kInt8:
-      return launch<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+      return launch<WeightKind::kInt8>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, l2, stream);
     case WeightKind::kFp8E4M3:
-      return launch<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, stream);
+      return launch<WeightKind::kFp8E4M3>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, l2,
+                                          stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -379,18 +417,19 @@ cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale
 }  // namespace
 
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n, int k,
-                 int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
-  return launch_any(y, x, w, scale, bias, n, k, m, x_stride, y_stride, kind, swiglu, nullptr, stream);
+                 int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, int64_t l2_keep,
+                 cudaStream_t stream) {
+  return launch_any(y, x, w, scale, bias, n, k, m, x_stride, y_stride, kind, swiglu, nullptr, l2_keep, stream);
 }
 
 cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
                           float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
-                          int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream) {
+                          int y_stride, WeightKind kind, bool swiglu, int64_t l2_keep, cudaStream_t stream) {
   const bool fits = n >= 1 && n <= kMaxNormRows && k % 8 == 0 && kMaxNormRows * k * sizeof(bf16) <= 48 * 1024;
   if (!fits) return cudaErrorInvalidValue;
   const InputNorm norm = {static_cast<const bf16*>(delta), static_cast<bf16*>(sum_out),
                           static_cast<const bf16*>(norm_weight), eps};
-  return launch_any(y, x, w, scale, nullptr, n, k, m, x_stride, y_stride, kind, swiglu, &norm, stream);
+  return launch_any(y, x, w, scale, nullptr, n, k, m, x_stride, y_stride, kind, swiglu, &norm, l2_keep, stream);
 }
 
 }  // namespace q3tts

@@ -60,8 +60,11 @@ cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int 
 // bias may be null. Each output row's reduction order is fixed, whatever n is (batch invariant).
 // With `swiglu`, W is the fused [gate; up] weight [2m, k] (gate rows first, no bias) and
 // y[n, :m] = bf16(bf16(silu(gate)) * up) of the two rounded products (swiglu.cu's expression).
+// l2_keep ranks the weight's loads in the L2: < 0 no hint; else its first l2_keep bytes evict_last (kept for a
+// later read, as the code predictor's weights are 15 times a frame) and the rest evict_first (streamed once).
 cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
-                 int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
+                 int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu, int64_t l2_keep,
+                 cudaStream_t stream);
 
 // `gemv` of RMSNorm(x + delta) * norm_weight (no bias), for n <= 4 rows, in one kernel: each block norms the
 // rows into shared memory before it streams its weights, rounding as `rms_norm` with a residual does (only
@@ -69,7 +72,7 @@ cudaError_t gemv(void* y, const void* x, const void* w, const float* scale, cons
 // is not null, x + delta is written there. x, delta and sum_out rows are x_stride apart, k <= 6144.
 cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_out, const void* norm_weight,
                           float eps, const void* w, const float* scale, int n, int k, int m, int x_stride,
-                          int y_stride, WeightKind kind, bool swiglu, cudaStream_t stream);
+                          int y_stride, WeightKind kind, bool swiglu, int64_t l2_keep, cudaStream_t stream);
 
 // out[r, :] = e4m3(x[r, :] / scale[r]) (saturating, round to nearest even) with scale[r] = max(amax of the row,
 // 1e-12) / 448, both divisions correctly rounded: the per-row activation quantization of `ops.fp8_linear`.
