@@ -9,21 +9,21 @@ records the new codes there, so no other host op surrounds a replay. Sessions ma
 (ragged), and padded rows of a partly filled bucket run on the cache's scratch slot (the last one) at
 position 0, so they never touch a live session.
 
-The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fused kernels of
-engine/kernels (ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write, flash-decoding
-attention over each row's live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for
-products of fewer than `mode.gemm_min_rows` rows (the gate/up GEMV writes the SwiGLU directly). Every kernel
-is launched with programmatic dependent launch (kernels/csrc/launch.cuh), so inside the graph a kernel's
-launch overlaps the end of the one before it. Larger products run on cuBLAS (F.linear, bf16
-weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8 rows on
-(kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
+The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fused kernels of engine/kernels
+(ops.*): fused RMSNorm + residual, q/k-norm + RoPE + cache write, flash-decoding attention over each row's
+live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for products of fewer than
+`mode.gemm_min_rows` rows (the gate/up GEMV writes the SwiGLU directly). The GEMVs' weight loads carry L2
+eviction priorities: a share of the predictor's weights stays in the L2 between its 15 steps
+(`PREDICTOR_L2_SHARE`). Every kernel is launched with programmatic dependent launch (kernels/csrc/launch.cuh),
+so inside the graph a kernel's launch overlaps the end of the one before it. Larger products run on cuBLAS
+(F.linear, bf16 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8
+rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of all the sessions prefilled together are the rows of one pass, one row per token
-(`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of
-the batch's bucket. A pass above the largest prompt bucket (several sessions prefilled together) has no
-graph and attends through torch's flash attention over each prompt (`PromptLayout`) instead of the
-per-row decode kernel. Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the
-GEMVs reading those, and fast's products of many rows (prompt passes of several sessions) running as fp8
-GEMMs (`Weight`).
+(`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of the
+batch's bucket. A pass above the largest prompt bucket (several sessions prefilled together) has no graph and
+attends through torch's flash attention over each prompt (`PromptLayout`) instead of the per-row decode
+kernel. Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those,
+and fast's products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
