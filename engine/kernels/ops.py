@@ -379,7 +379,8 @@ def rms_norm_linear(
     s = x if delta is None else torch.empty_like(x)
     delta_rows = None if delta is None else delta.view(x_rows.shape)
     sum_rows = None if delta is None else s.view(x_rows.shape)
-    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu, _l2(l2_keep))
+    keep = _l2_keep_argument(l2_keep)
+    ext.gemv_rms_norm(y, x_rows, delta_rows, sum_rows, norm_weight, eps, data, scale, swiglu, keep)
     return y.view(*x.shape[:-1], width), s
 
 
@@ -462,7 +463,8 @@ def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Te
     return out
 
 
-def _l2(keep: int | None) -> int:
+def _l2_keep_argument(keep: int | None) -> int:
+    """The extension's form of `l2_keep`: -1 leaves the loads unhinted."""
     return -1 if keep is None else keep
 
 
@@ -482,7 +484,7 @@ def linear(
         return reference.linear(x, weight, bias)
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
-    ext.gemv(out, rows, data, scale, bias, _l2(l2_keep))
+    ext.gemv(out, rows, data, scale, bias, _l2_keep_argument(l2_keep))
     return out.view(*x.shape[:-1], data.shape[0])
 
 
@@ -548,7 +550,7 @@ def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight, l2_keep: int | N
         return reference.linear_swiglu(x, gate_up)
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
-    ext.gemv_swiglu(out, rows, data, scale, _l2(l2_keep))
+    ext.gemv_swiglu(out, rows, data, scale, _l2_keep_argument(l2_keep))
     return out.view(*x.shape[:-1], data.shape[0] // 2)
 
 
