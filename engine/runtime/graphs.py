@@ -246,16 +246,13 @@ def _streamed(weight: Weight) -> Weight:
 
 def _l2_plan(blocks: list[_Block], keep: int) -> list[_Block]:
     """`blocks` with their GEMV weights ranked in the L2: the first keep / (their bytes) share of each weight
-    kept, the rest streamed (keep 0: all streamed)."""
-    total = sum(w.small_bytes for b in blocks for w in (b.qkv, b.o, b.gate_up, b.down))
+    kept, the rest streamed."""
+    total = sum(w.small_bytes for b in blocks for w in b.weights)
 
     def ranked(weight: Weight) -> Weight:
         return replace(weight, l2_keep=weight.small_bytes * keep // total // 128 * 128)
 
-    return [
-        replace(b, qkv=ranked(b.qkv), o=ranked(b.o), gate_up=ranked(b.gate_up), down=ranked(b.down))
-        for b in blocks
-    ]
+    return [b.with_weights(ranked) for b in blocks]
 
 
 def _l2_bytes(device: torch.device) -> int:
@@ -326,6 +323,17 @@ class _Block:
             down=_prepare(b.down_proj.weight, mode),
             q_width=q.shape[0],
             kv_width=k.shape[0],
+        )
+
+    @property
+    def weights(self) -> tuple[Weight, Weight, Weight, Weight]:
+        """The block's GEMV weights: qkv, o, gate/up, down."""
+        return self.qkv, self.o, self.gate_up, self.down
+
+    def with_weights(self, change: Callable[[Weight], Weight]) -> _Block:
+        """The block with `change` applied to each of its GEMV weights."""
+        return replace(
+            self, qkv=change(self.qkv), o=change(self.o), gate_up=change(self.gate_up), down=change(self.down)
         )
 
 
@@ -461,7 +469,9 @@ class KernelFrame:
         self.talker_scale = tc.head_dim**-0.5
         self.predictor_scale = pc.head_dim**-0.5
         keep = int(PREDICTOR_L2_SHARE * _l2_bytes(predictor.norm.weight.device))
-        self.talker_blocks = _l2_plan([_Block.from_module(layer, mode) for layer in talker.layers], 0)
+        self.talker_blocks = [
+            _Block.from_module(layer, mode).with_weights(_streamed) for layer in talker.layers
+        ]
         predictor_blocks = [_Block.from_module(layer, mode) for layer in predictor.layers]
         self.predictor_blocks = _l2_plan(predictor_blocks, keep)
         self.codec_head = _streamed(_prepare(talker.codec_head.weight, mode))

@@ -406,13 +406,13 @@ def test_the_l2_plan_keeps_one_share_of_every_predictor_weight(
     frame = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
     streamed = [frame.codec_head, frame.projection, *frame.heads]
     for block in frame.talker_blocks + frame.predictor_blocks:
-        streamed += [block.qkv, block.o, block.gate_up, block.down]
+        streamed += block.weights
     assert all(weight.l2_keep == 0 for weight in streamed)
-    weights = [w for b in frame.predictor_blocks for w in (b.qkv, b.o, b.gate_up, b.down)]
+    weights = [w for b in frame.predictor_blocks for w in b.weights]
     total = sum(w.small_bytes for w in weights)
     keep = total // 3
     planned = graphs._l2_plan(frame.predictor_blocks, keep)
-    kept = [cast(int, w.l2_keep) for b in planned for w in (b.qkv, b.o, b.gate_up, b.down)]
+    kept = [cast(int, w.l2_keep) for b in planned for w in b.weights]
     assert all(k % 128 == 0 for k in kept) and sum(kept) <= keep
     for weight, k in zip(weights, kept, strict=True):
         assert weight.small_bytes // 3 - 128 <= k <= weight.small_bytes // 3
