@@ -10,9 +10,9 @@
 // slots as stored (RoPE'd keys, values), then the pass's frames, whose keys it rotates the reference's way
 // (torch's mul, then addcmul, each rounded as torch rounds it; `rotated`), from the same cos and sin tensors.
 // It writes the last W - 1 slots out as the next cache. Then a warp per query row: the query rotated
-// likewise, a lane per key slot for the scores
-// (rows padded by one float, so the lanes' rows fall in different banks), the softmax in float32, a lane per
-// two output dims for the values' weighted sum, rounded once to the element type.
+// likewise, a lane per key slot for the scores (rows padded by one float, so the lanes' rows fall in
+// different banks), the softmax in float32, a lane per two output dims for the values' weighted sum, rounded
+// once to the element type.
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
