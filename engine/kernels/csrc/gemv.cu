@@ -47,10 +47,11 @@ __device__ __forceinline__ uint64_t weight_policy(const void* w, L2Priority l2) 
   return policy;
 }
 
-// A 16-byte weight chunk through the read-only path, ranked in the L2 by `policy`.
+// A 16-byte weight chunk through the read-only path, not allocated in L1 (a kernel reads each chunk once;
+// run 79: fast frame loop RTF 0.0298 -> 0.0295), ranked in the L2 by `policy`.
 __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
   uint4 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p), "l"(policy));
   return v;
