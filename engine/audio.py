@@ -17,16 +17,27 @@ WAV_HEADER_BYTES = 44
 _PCM16_MAX = 32767
 
 
-def float_to_pcm16(wave: torch.Tensor) -> bytes:
-    """Convert a float waveform in [-1, 1] to PCM16 little-endian bytes.
+def pcm16_samples(wave: torch.Tensor) -> torch.Tensor:
+    """The PCM16 samples of a float waveform in [-1, 1], as int16 on the wave's device, any shape.
 
     Exactly ``round(clamp(x, -1, 1) * 32767)`` computed in float32, with round-half-to-even
-    (``torch.round``), cast to int16 and written little-endian. Any other implementation (a CUDA kernel,
-    a wire encoder) must reproduce this bit for bit, so keep it the single definition.
+    (``torch.round``). Any other implementation (a CUDA kernel, a wire encoder) must reproduce this bit for
+    bit, so keep it the single definition. CPU and CUDA give the same samples (the clamp is exact, the one
+    product is correctly rounded on both, and both round half to even), so the engine converts a batch of
+    packets on the GPU and copies half the bytes to the host instead of converting each packet there.
     """
-    samples = wave.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
-    scaled = torch.round(samples.clamp(-1.0, 1.0) * _PCM16_MAX).to(torch.int16)
-    return scaled.numpy().astype("<i2", copy=False).tobytes()
+    samples = wave.detach().to(torch.float32)
+    return torch.round(samples.clamp(-1.0, 1.0) * _PCM16_MAX).to(torch.int16)
+
+
+def pcm16_bytes(samples: torch.Tensor) -> bytes:
+    """int16 samples (a CPU tensor, any shape) as PCM16 little-endian bytes, in row-major order."""
+    return samples.numpy().astype("<i2", copy=False).tobytes()
+
+
+def float_to_pcm16(wave: torch.Tensor) -> bytes:
+    """Convert a float waveform in [-1, 1] to PCM16 little-endian bytes (`pcm16_samples`, flattened)."""
+    return pcm16_bytes(pcm16_samples(wave.reshape(-1)).cpu())
 
 
 def wav_header(num_samples: int, sample_rate: int = SAMPLE_RATE_HZ) -> bytes:

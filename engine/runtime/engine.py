@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..audio import float_to_pcm16
+from ..audio import pcm16_bytes, pcm16_samples
 from ..config import VoiceDesignConfig, load_config
 from ..errors import EngineError, InvalidRequestError
 from ..model.codec import CodecStreamState, SpeechDecoder
@@ -64,9 +64,9 @@ class PendingStep:
 
 @dataclass(frozen=True)
 class PendingDecode:
-    """Enqueued packet decodes of `count` sessions: per batch, the sessions' indices and their waveforms
-    [B, samples] on their way to the host (pinned memory on CUDA), there once `ready` (None on CPU) has
-    completed."""
+    """Enqueued packet decodes of `count` sessions: per batch, the sessions' indices and their PCM16 samples
+    [B, samples] (int16) on their way to the host (pinned memory on CUDA), there once `ready` (None on CPU)
+    has completed."""
 
     count: int
     batches: tuple[tuple[tuple[int, ...], Tensor], ...]
@@ -378,13 +378,14 @@ class VoiceDesignEngine:
     @torch.no_grad()
     def launch_decode(self, sessions: list[Session], frames: list[Tensor]) -> PendingDecode:
         """Enqueue the decode of one packet per session (frames[i] [n_i, 16] continues sessions[i]'s codec
-        stream) and the copy of the waveforms to the host, without waiting: on CUDA the codec runs on its own
-        stream while the caller launches frames; `collect_decode` waits and returns the PCM. Packets of one
-        session are decoded in launch order.
+        stream), its conversion to PCM16 (`pcm16_samples`: on CUDA, on the GPU for a whole batch) and the copy
+        of the samples to the host, without waiting: on CUDA the codec runs on its own stream while the caller
+        launches frames; `collect_decode` waits and returns the PCM. Packets of one session are decoded in
+        launch order.
 
         On CUDA, sessions whose packets have the same frame count are decoded as one batch (one graph
         replay with a codec backend, one batched forward over `CodecStreamState.cat` without), and the
-        waveforms come back to the host in one copy per batch; a session's samples may then differ from
+        samples come back to the host in one copy per batch; a session's samples may then differ from
         its solo decode at the float32 rounding level (codec_graphs.py), so a PCM16 sample can move by one
         step. On CPU each session is decoded alone, so the bytes equal `decode_packet`'s exactly: the CPU
         convolutions round differently with the batch size, and the server's byte-equality guarantees
@@ -407,9 +408,9 @@ class VoiceDesignEngine:
             for members in groups.values():
                 stacked = torch.stack([frames[i] for i in members])
                 codes = (stacked if stacked.is_cuda else upload(stacked, self.device)).transpose(1, 2)
-                wave = self._decode_batch([sessions[i] for i in members], codes)
-                host = torch.empty(wave.shape, dtype=wave.dtype, pin_memory=cuda)
-                host.copy_(wave, non_blocking=cuda)
+                samples = pcm16_samples(self._decode_batch([sessions[i] for i in members], codes))
+                host = torch.empty(samples.shape, dtype=samples.dtype, pin_memory=cuda)
+                host.copy_(samples, non_blocking=cuda)
                 batches.append((tuple(members), host))
             if cuda:
                 ready = torch.cuda.Event()
@@ -421,9 +422,9 @@ class VoiceDesignEngine:
         if pending.ready is not None:
             pending.ready.synchronize()
         out: list[bytes] = [b""] * pending.count
-        for members, wave in pending.batches:
+        for members, samples in pending.batches:
             for row, index in enumerate(members):
-                out[index] = float_to_pcm16(wave[row])
+                out[index] = pcm16_bytes(samples[row])
         return out
 
     def _codec_stream(self, frames: list[Tensor]) -> AbstractContextManager[object]:

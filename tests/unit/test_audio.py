@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from qwen3_tts_native.engine.audio import float_to_pcm16, wav_header, write_wav
+from qwen3_tts_native.engine.audio import float_to_pcm16, pcm16_bytes, pcm16_samples, wav_header, write_wav
 
 
 def test_pcm16_rounds_and_clamps() -> None:
@@ -31,3 +31,13 @@ def test_header_equals_the_wave_module(tmp_path: Path) -> None:
     assert buffer.getvalue()[:44] == wav_header(1000)
     write_wav(tmp_path / "x.wav", pcm)
     assert (tmp_path / "x.wav").read_bytes() == buffer.getvalue()
+
+
+def test_pcm16_samples_keep_the_batch_and_match_the_bytes() -> None:
+    """The engine converts a batch of packets with `pcm16_samples` and writes each row with `pcm16_bytes`:
+    the same bytes as `float_to_pcm16` of the row."""
+    batch = torch.linspace(-1.2, 1.2, 3 * 480, dtype=torch.float64).reshape(3, 480)
+    samples = pcm16_samples(batch)
+    assert samples.dtype == torch.int16 and samples.shape == (3, 480)
+    for row in range(3):
+        assert pcm16_bytes(samples[row]) == float_to_pcm16(batch[row])
