@@ -122,11 +122,10 @@ class CodecGraphs:
 
     def reset(self, slot: int) -> None:
         """Start a new stream in pool row `slot` (frame 0, empty histories), on `stream`."""
-        pool = self.pool
         with torch.cuda.stream(self.stream):
-            pool.position[slot] = 0
-            for tensor in [*pool.kv, *pool.history.values()]:
-                tensor[slot].zero_()
+            # One multi-tensor launch for the ~30 rows, not one each: a session start runs this on the host
+            # before its prefill can launch.
+            torch._foreach_zero_([tensor[slot] for tensor in _state_tensors(self.pool)])
 
     def decode(self, slots: list[int], codes: Tensor) -> Tensor:
         """The next n frames of the streams in `slots`: codes [B, quantizers, n] -> wave [B, n * hop]."""
