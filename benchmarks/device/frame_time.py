@@ -1,5 +1,6 @@
 """The frame for the code on PYTHONPATH: its graph's replay at 1 and 64 streams, the single-stream RTF
-(with and without the codec) and the time to first audio, exact and fast. Run it for two trees in one call
+(with and without the codec), the time to first audio and the bench's 64-stream lockstep (aggregate and
+worst-stream RTF, medians; host-bound on a slow host), exact and fast. Run it for two trees in one call
 to compare them on one machine (`--compare`), as `codec_packet_time.py` does for the codec.
 
 Why: a kernel change inside the frame (a GEMV's loads, say) is one build or the other; its effect on the
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
+
+LOCKSTEP_FRAMES = 32  # the bench's --concurrency-frames in run_all.sh
 
 
 def measure(args: argparse.Namespace) -> int:
@@ -22,7 +26,7 @@ def measure(args: argparse.Namespace) -> int:
     from common import load_timing_engine, modes_result
     from fp8_gemm_ab import frame_replay_ms
 
-    from qwen3_tts_native.commands.bench import measure_single, measure_ttfa, zero_eos_copy
+    from qwen3_tts_native.commands.bench import measure_single, measure_ttfa, run_concurrent, zero_eos_copy
 
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
@@ -34,6 +38,10 @@ def measure(args: argparse.Namespace) -> int:
         figures["single_stream_rtf"] = single["rtf"]["median"]
         figures["frame_loop_rtf"] = single["frame_loop_rtf"]["median"]
         figures["ttfa_p50_ms"] = measure_ttfa(engine, 20)["p50"]
+        run_concurrent(engine, 64, LOCKSTEP_FRAMES, 60)
+        levels = [run_concurrent(engine, 64, LOCKSTEP_FRAMES, 60) for _ in range(args.runs)]
+        for key in ("aggregate_rtf", "worst_stream_rtf"):
+            figures[f"lockstep_64_{key}"] = statistics.median(level[key] for level in levels)
         result["modes"][mode] = figures
         print(args.tag, mode, json.dumps(figures), flush=True)
         del engine

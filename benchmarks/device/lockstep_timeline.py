@@ -6,14 +6,18 @@ Why: the bench reports one wall time per level. Its 64-stream worst stream (fast
 16-stream HTTP level are missed by 15-25%, and whether the gap is the prefill, the frames, the codec or host
 stalls decides the next change. Kernel intervals come from the trace (CUPTI, graph kernels included); "busy"
 is the union of a stream's kernel and copy intervals, "overlap" the time both the frame and codec streams
-are busy, "idle" the wall time no stream is.
+are busy, "idle" the wall time no stream is. The largest level also runs once under cProfile: where the host's
+time goes (`lockstep-host-<mode>.txt`), which is what the level waits for when the GPU idles.
 
 Usage: python benchmarks/device/lockstep_timeline.py --model SNAPSHOT --out DIR [--streams 1,16,64]
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
+import pstats
 import tempfile
 import time
 from pathlib import Path
@@ -125,6 +129,19 @@ def level(engine: VoiceDesignEngine, streams: int) -> dict[str, Any]:
     return {**{k: median.get(k) for k in keep}, **trace}
 
 
+def host_profile(engine: VoiceDesignEngine, streams: int, path: Path) -> None:
+    """One warm run of the level under cProfile: its functions by own time, then by cumulative time."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_concurrent(engine, streams, FRAMES, 60)
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(50)
+    path.write_text(text.getvalue())
+
+
 def main() -> int:
     parser = measurement_parser(__doc__)
     parser.add_argument("--streams", default="1,16,64")
@@ -136,6 +153,7 @@ def main() -> int:
     for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, max(levels))
         figures = {"solo": solo(engine), **{f"{n}_streams": level(engine, n) for n in levels}}
+        host_profile(engine, max(levels), args.out / f"lockstep-host-{mode}.txt")
         for name, data in figures.items():
             print(mode, name, json.dumps({k: v for k, v in data.items() if k != "per_stream"}), flush=True)
         result["modes"][mode] = figures
