@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .transfer import upload
+
 EOS_BAN_FRAMES = 2
 """EOS is banned while fewer than this many cb0 tokens exist (official min_new_tokens=2)."""
 CONTROL_TOKENS = 1024
@@ -63,12 +65,15 @@ class SamplingRows:
         repetition_penalty: float = 1.0,
         device: torch.device | str = "cpu",
     ) -> SamplingRows:
+        """One row, made on the host and uploaded from pinned memory: `torch.tensor(..., device=cuda)` would
+        wait for the stream, i.e. for the frames of the sessions already running (`transfer.upload`)."""
+        target = torch.device(device)
         return cls(
-            greedy=torch.tensor([greedy], dtype=torch.bool, device=device),
-            temperature=torch.tensor([temperature], dtype=torch.float32, device=device),
-            top_k=torch.tensor([top_k], dtype=torch.int64, device=device),
-            top_p=torch.tensor([top_p], dtype=torch.float64, device=device),
-            repetition_penalty=torch.tensor([repetition_penalty], dtype=torch.float32, device=device),
+            greedy=upload(torch.tensor([greedy], dtype=torch.bool), target),
+            temperature=upload(torch.tensor([temperature], dtype=torch.float32), target),
+            top_k=upload(torch.tensor([top_k], dtype=torch.int64), target),
+            top_p=upload(torch.tensor([top_p], dtype=torch.float64), target),
+            repetition_penalty=upload(torch.tensor([repetition_penalty], dtype=torch.float32), target),
         )
 
     @classmethod

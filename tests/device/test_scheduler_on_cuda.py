@@ -84,3 +84,17 @@ def test_concurrent_streams_through_the_scheduler_are_well_formed(engine: VoiceD
         assert all(len(p.pcm) == 2 * 1920 * p.frame_count for p in packets)
         assert sum(p.frame_count for p in packets) <= request.max_frames
     assert scheduler.used_slots == 0
+
+
+def test_opening_a_session_does_not_wait_for_the_frames_in_flight(engine: VoiceDesignEngine) -> None:
+    """The scheduler opens a newcomer's session while other sessions' frames run on the stream: nothing in
+    `start_session` may wait for that stream (a pageable upload would), or the GPU idles through the rest of
+    the admission. A spinning kernel queued first must still be running when it returns."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # about half a second at the H200's clocks
+    session = engine.start_session(SynthesisRequest("A newcomer.", "A calm voice.", seed=3, max_frames=4))
+    try:
+        assert not torch.cuda.current_stream().query(), "start_session waited for the work queued before it"
+    finally:
+        torch.cuda.synchronize()
+        engine.release(session)
