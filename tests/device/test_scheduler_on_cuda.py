@@ -89,10 +89,16 @@ def test_concurrent_streams_through_the_scheduler_are_well_formed(engine: VoiceD
 def test_opening_a_session_does_not_wait_for_the_frames_in_flight(engine: VoiceDesignEngine) -> None:
     """The scheduler opens a newcomer's session while other sessions' frames run on the stream: nothing in
     `start_session` may wait for that stream (a pageable upload would), or the GPU idles through the rest of
-    the admission. A spinning kernel queued first must still be running when it returns."""
+    the admission. A spinning kernel queued first must still be running when it returns.
+
+    The engine is warmed in this thread first, as the scheduler's thread is: a thread's first start waited
+    and later ones did not (run 83, `session_start_waits.py`; likely the per-thread cuBLAS handle that torch
+    makes on a thread's first product)."""
+    request = SynthesisRequest("A newcomer.", "A calm voice.", seed=3, max_frames=4)
+    engine.release(engine.start_session(request))
     torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)  # about half a second at the H200's clocks
-    session = engine.start_session(SynthesisRequest("A newcomer.", "A calm voice.", seed=3, max_frames=4))
+    session = engine.start_session(request)
     try:
         assert not torch.cuda.current_stream().query(), "start_session waited for the work queued before it"
     finally:
