@@ -122,10 +122,12 @@ class CodecGraphs:
 
     def reset(self, slot: int) -> None:
         """Start a new stream in pool row `slot` (frame 0, empty histories), on `stream`."""
+        pool = self.pool
         with torch.cuda.stream(self.stream):
-            # One multi-tensor launch for the ~30 rows, not one each: a session start runs this on the host
-            # before its prefill can launch.
-            torch._foreach_zero_([tensor[slot] for tensor in _state_tensors(self.pool)])
+            pool.position[slot] = 0
+            # The ~30 cache and history rows share the codec's dtype, so they zero in one multi-tensor launch
+            # instead of a launch each: a session start runs this on the host before its prefill can launch.
+            torch._foreach_zero_([tensor[slot] for tensor in [*pool.kv, *pool.history.values()]])
 
     def decode(self, slots: list[int], codes: Tensor) -> Tensor:
         """The next n frames of the streams in `slots`: codes [B, quantizers, n] -> wave [B, n * hop]."""

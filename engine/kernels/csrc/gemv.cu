@@ -399,10 +399,11 @@ cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale
   const int elems = kind == WeightKind::kBf16 ? 8 : 16;
   if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   const int64_t bytes = static_cast<int64_t>(swiglu ? 2 * m : m) * k * (kind == WeightKind::kBf16 ? 2 : 1);
-  if (l2_keep >= 0 && bytes > UINT32_MAX) return cudaErrorInvalidValue;
-  const L2Priority l2 = l2_keep < 0 ? L2Priority{0, 0}
-                                    : L2Priority{static_cast<uint32_t>(l2_keep < bytes ? l2_keep : bytes),
-                                                 static_cast<uint32_t>(bytes)};
+  // createpolicy takes 32-bit sizes, so a weight over 4 GB loads unhinted (a hint never changes the product).
+  const bool hinted = l2_keep >= 0 && bytes <= UINT32_MAX;
+  const L2Priority l2 = hinted ? L2Priority{static_cast<uint32_t>(l2_keep < bytes ? l2_keep : bytes),
+                                            static_cast<uint32_t>(bytes)}
+                               : L2Priority{0, 0};
   switch (kind) {
     case WeightKind::kBf16:
       return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, l2, stream);
