@@ -3,18 +3,21 @@ prompt pass and frame 0, the first packet, the frames with the codec beside them
 last frame; with the GPU's idle gaps and the prefill window's top kernels and host ops. From a torch profiler
 trace of one warm `synthesize` of 64 frames (the bench's single-stream request), per mode. Before it,
 unprofiled requests with Python's garbage collector on and off, alternating (medians): the wall time and the
-longest wait between two packets, where a host stall would show.
+longest wait between two packets, where a host stall would show. After it, the SHA-256 of a seeded request's
+codes, so two trees run with this script show whether a change kept the codes.
 
 Why: exact's single-stream RTF (0.0406, run 57) is 208 ms for 64 frames, of which the frames' replays are
 ~179 ms. What the other ~29 ms are (prefill, the synchronous first and last packets, the codec's slowing of
 the frames, host gaps) decides whether a cut outside the frame graph can reach 0.04 (204.8 ms).
 
-Usage: python benchmarks/device/request_timeline.py --model SNAPSHOT --out DIR
+Usage: python benchmarks/device/request_timeline.py --model SNAPSHOT --out DIR [--modes fast] [--tag NAME]
+(the tree on PYTHONPATH is the one timed; the figures go to DIR/request-timeline[-NAME].json)
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
 import json
 import statistics
@@ -150,6 +153,7 @@ def unprofiled_request(engine: VoiceDesignEngine, seed: int, collect_garbage: bo
 
 def main() -> int:
     parser = measurement_parser(__doc__)
+    parser.add_argument("--tag", default="", help="a name for the tree timed, in the output file's name")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
@@ -173,11 +177,14 @@ def main() -> int:
                 "ttfa_ms": measure_ttfa(engine, 10),
                 **timeline(trace),
             }
+        codes = engine.generate_codes(make_request(FRAMES, seed=0))
+        figures["codes_sha256"] = hashlib.sha256(codes.cpu().numpy().tobytes()).hexdigest()
         result["modes"][mode] = figures
         print(mode, json.dumps(figures, indent=1), flush=True)
         del engine
         torch.cuda.empty_cache()
-    (args.out / "request-timeline.json").write_text(json.dumps(result, indent=2))
+    name = f"request-timeline-{args.tag}.json" if args.tag else "request-timeline.json"
+    (args.out / name).write_text(json.dumps(result, indent=2))
     return 0
 
 

@@ -8,6 +8,7 @@ Built straight from the checkpoint's tensor names (`talker.model.*`, `talker.tex
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
@@ -40,6 +41,26 @@ class PromptPlanLike(Protocol):
     def language_id(self) -> int | None: ...
     @property
     def text_mode(self) -> Literal["non_streaming", "streaming"]: ...
+
+
+FixedPromptKey = tuple[torch.device, tuple[int, ...], int | None]
+"""(device, role ids, language id): what `Talker.fixed_prompt_pieces` depends on."""
+FIXED_PROMPT_KEYS = 64
+"""The most (device, role ids, language) entries `Talker.fixed_prompt_pieces` keeps."""
+
+
+@dataclass(frozen=True)
+class FixedPromptPieces:
+    """The request-independent parts of a prompt (model.md §2.4), each [n, H]: the role prefix's text
+    embedding, the codec prefix (tts_pad.. tts_bos over the think / language tags + codec_pad), the tts_eos
+    and tts_pad text embeddings, and the codec_pad and codec_bos embeddings."""
+
+    role: Tensor
+    codec_prefix: Tensor
+    tts_eos: Tensor
+    tts_pad: Tensor
+    codec_pad: Tensor
+    codec_bos: Tensor
 
 
 class Talker(nn.Module):
@@ -82,6 +103,7 @@ class Talker(nn.Module):
         cos, sin = rope_cos_sin(positions, tc.head_dim, tc.rope_theta, weight.dtype)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._fixed_prompt_pieces: dict[FixedPromptKey, FixedPromptPieces] = {}
 
     @classmethod
     def from_tensors(
@@ -135,47 +157,74 @@ class Talker(nn.Module):
 
         The segments are projected with the official grouping (`text_embed`): in streaming mode the first
         text token and the rest are two separate segments, as the official `[3:4]` and `[4:-5]` slices are.
+        The pieces that do not depend on the request's text come from `fixed_prompt_pieces`.
         """
         if not plan.text_ids:
             raise ValueError("the prompt plan has no text tokens")
-        cfg, tc = self.config, self.config.talker
-        if plan.language_id is None:
-            tags = [tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id]
-        else:
-            tags = [tc.codec_think_id, tc.codec_think_bos_id, plan.language_id, tc.codec_think_eos_id]
-        pieces = [
-            [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id],
-            [*tags, tc.codec_pad_id, tc.codec_bos_id],
-            plan.instruct_ids,
-            plan.role_ids,
-            plan.text_ids,
-        ]
-        # All ids in one copy, from pinned memory on CUDA: a pageable copy waits for the work queued on the
-        # stream (other sessions' frames, in a server), and a copy per segment would wait each time.
-        host = torch.tensor([i for piece in pieces for i in piece], dtype=torch.long)
+        fixed = self.fixed_prompt_pieces(tuple(plan.role_ids), plan.language_id)
+        # The request's ids in one copy, from pinned memory on CUDA: a pageable copy waits for the work queued
+        # on the stream (other sessions' frames, in a server), and a copy per segment would wait each time.
+        host = torch.tensor([*plan.instruct_ids, *plan.text_ids], dtype=torch.long)
         device = self.codec_embedding.device
         ids = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-        specials, codec_ids, instruct_ids, role_ids, text_ids = ids.split([len(p) for p in pieces])
-        tts_bos, tts_eos, tts_pad = self.text_embed(specials)
-        codec = self.codec_embed(codec_ids)  # tags, codec_pad, codec_bos
-        codec_prefix, pad, bos = codec[:-1], codec[-2:-1], codec[-1:]
-        text_side = torch.cat([tts_pad.expand(len(tags), -1), tts_bos.unsqueeze(0)])
+        instruct_ids, text_ids = ids.split([len(plan.instruct_ids), len(plan.text_ids)])
         segments = []
         if plan.instruct_ids:
             segments.append(self.text_embed(instruct_ids))
-        segments.append(self.text_embed(role_ids))
-        segments.append(text_side + codec_prefix)
+        segments += [fixed.role, fixed.codec_prefix]
         if plan.text_mode == "non_streaming":
             text = self.text_embed(text_ids)
-            segments.append(torch.cat([text, tts_eos.unsqueeze(0)]) + pad)
-            segments.append(tts_pad.unsqueeze(0) + bos)
+            segments.append(torch.cat([text, fixed.tts_eos]) + fixed.codec_pad)
+            segments.append(fixed.tts_pad + fixed.codec_bos)
             trailing = text.new_zeros((0, text.shape[1]))
         else:
             first = self.text_embed(text_ids[:1])
-            segments.append(first + bos)
+            segments.append(first + fixed.codec_bos)
             rest = self.text_embed(text_ids[1:]) if len(plan.text_ids) > 1 else first[:0]
-            trailing = torch.cat([rest, tts_eos.unsqueeze(0)])
-        return torch.cat(segments), trailing, tts_pad
+            trailing = torch.cat([rest, fixed.tts_eos])
+        return torch.cat(segments), trailing, fixed.tts_pad[0]
+
+    def fixed_prompt_pieces(self, role_ids: tuple[int, ...], language_id: int | None) -> FixedPromptPieces:
+        """The prompt's pieces that only the role ids and the language decide, computed on first use and
+        kept: the same products a request would compute, so prompts are unchanged, and opening a session
+        (host time the GPU waits for at a request's start) projects only the request's own text.
+
+        Kept per (device, role ids, language); a prompt builder has one role prefix and a handful of
+        languages, and the store is emptied when it passes `FIXED_PROMPT_KEYS` entries.
+        """
+        device = self.codec_embedding.device
+        key = (device, role_ids, language_id)
+        cached = self._fixed_prompt_pieces.get(key)
+        if cached is not None:
+            return cached
+        cfg, tc = self.config, self.config.talker
+        if language_id is None:
+            tags = [tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id]
+        else:
+            tags = [tc.codec_think_id, tc.codec_think_bos_id, language_id, tc.codec_think_eos_id]
+        pieces = [
+            [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id],
+            [*tags, tc.codec_pad_id, tc.codec_bos_id],
+            list(role_ids),
+        ]
+        ids = torch.tensor([i for piece in pieces for i in piece], dtype=torch.long, device=device)
+        specials, codec_ids, role = ids.split([len(p) for p in pieces])
+        with torch.no_grad():
+            tts_bos, tts_eos, tts_pad = self.text_embed(specials).split(1)
+            codec = self.codec_embed(codec_ids)  # tags, codec_pad, codec_bos
+            text_side = torch.cat([tts_pad.expand(len(tags), -1), tts_bos])
+            fixed = FixedPromptPieces(
+                role=self.text_embed(role),
+                codec_prefix=text_side + codec[:-1],
+                tts_eos=tts_eos,
+                tts_pad=tts_pad,
+                codec_pad=codec[-2:-1],
+                codec_bos=codec[-1:],
+            )
+        if len(self._fixed_prompt_pieces) >= FIXED_PROMPT_KEYS:
+            self._fixed_prompt_pieces.clear()
+        self._fixed_prompt_pieces[key] = fixed
+        return fixed
 
     def forward(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
         """Run embeds [B, T, H] at positions [B, T] for the sessions in cache `slots` [B].

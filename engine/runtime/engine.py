@@ -54,12 +54,15 @@ from .transfer import upload
 @dataclass(frozen=True)
 class PendingStep:
     """A launched batch: its sessions, the frame each was launched for, and the frames' codes [B, 16] on
-    their way to the host (pinned memory on CUDA), there once `ready` (None on CPU) has completed."""
+    their way to the host (pinned memory on CUDA), there once `ready` (None on CPU) has completed.
+    `device_codes`: the same codes where the frames ran, the backend's buffer: valid for work enqueued
+    before the next launch."""
 
     sessions: tuple[Session, ...]
     frames: tuple[int, ...]
     codes: Tensor
     ready: torch.cuda.Event | None
+    device_codes: Tensor
 
 
 @dataclass(frozen=True)
@@ -250,12 +253,17 @@ class VoiceDesignEngine:
         """Run the prompt, sample cb0 of frame 0 (EOS is banned there) and complete frame 0."""
         return self.prefill_many([session])[0]
 
-    @torch.no_grad()
     def prefill_many(self, sessions: list[Session]) -> list[FrameResult]:
         """`prefill` for B fresh sessions in one backend call: their prompts and their frame 0 together
         (on CUDA one prompt pass and one frame graph, instead of B of each)."""
         if not sessions:
             return []
+        return self._all(self.collect_step(self.launch_prefill(sessions)))
+
+    @torch.no_grad()
+    def launch_prefill(self, sessions: list[Session]) -> PendingStep:
+        """Enqueue `prefill_many`'s work without waiting for the device, as `launch_step` does for a frame;
+        `collect_step` gives the frame 0 results."""
         self._check_distinct(sessions)
         for session in sessions:
             if session.released or session.prompt is None:
@@ -274,7 +282,7 @@ class VoiceDesignEngine:
         for session in sessions:
             session.position = session.prompt_length
             session.prompt = None
-        return self._all(self.collect_step(self._launched(sessions, codes)))
+        return self._launched(sessions, codes)
 
     def step(self, sessions: list[Session]) -> list[FrameResult]:
         """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each.
@@ -312,8 +320,8 @@ class VoiceDesignEngine:
         is launched only below `max_frames`, whose positions `open_session` checked.
         """
         if not sessions:
-            groups = self.slot_state.last_codes.shape[1]
-            return PendingStep((), (), torch.empty(0, groups, dtype=torch.int64), None)
+            empty = torch.empty(0, self.slot_state.last_codes.shape[1], dtype=torch.int64)
+            return PendingStep((), (), empty, None, empty)
         self._check_distinct(sessions)
         for session in sessions:
             if not self.can_launch(session):
@@ -430,12 +438,16 @@ class VoiceDesignEngine:
     def _codec_stream(self, frames: list[Tensor]) -> AbstractContextManager[object]:
         """The codec graphs' own stream (codec_graphs.py), where a packet's decode overlaps the frame launched
         ahead of it. Codes handed over on the GPU were made on the current stream, so the codec stream waits
-        for it first (and gives up the overlap); the engine's own frames arrive on the host."""
+        for the work enqueued there so far (not for what is launched after), and the codes' memory is kept
+        from reuse until the codec stream has read them (`record_stream`)."""
         backend = self.codec_backend
         if backend is None:
             return nullcontext()
-        if any(f.is_cuda for f in frames):
+        on_device = [f for f in frames if f.is_cuda]
+        if on_device:
             backend.stream.wait_stream(torch.cuda.current_stream())
+            for tensor in on_device:
+                tensor.record_stream(backend.stream)
         return torch.cuda.stream(backend.stream)
 
     def _decode_batch(self, sessions: list[Session], codes: Tensor) -> Tensor:
@@ -471,16 +483,24 @@ class VoiceDesignEngine:
         next frame instead of stopping the loop (as the server's scheduler does). A packet that ends while
         the EOS ban still holds (fewer than 2 frames emitted) goes out as soon as it is decoded: the next
         step cannot end the session without a frame, so it is not the last (time to first audio does not wait
-        for frame 1). Frames are stepped one ahead (`_solo_next`), and frame 1 is launched right after packet
-        0's decode, so the two share the GPU: a request 0.6% shorter (exact) and 0.4% (fast), first audio
-        1.4 ms / 0.7 ms later (7.6 -> 9.0 ms exact, H200, benchmarks/results/2026-12-01-run69).
+        for frame 1). Frames are stepped one ahead (`_solo_next`).
+
+        A one-frame first packet is decoded from frame 0's codes where they were made, launched with the
+        prefill (frame 0 cannot be EOS: the ban), and frame 1 right after it, so the GPU runs prompt, frame 0,
+        then packet 0 beside frame 1 without waiting for the host to collect frame 0 and send its codes back.
         """
         session = self.start_session(request)
         try:
             sequence = first_frame = 0
             buffer: list[Tensor] = []
             held: tuple[int, int, PendingDecode] | None = None  # (first frame, frames, decode), a full packet
-            result, pending = self.prefill(session), None
+            launched, pending = self.launch_prefill([session]), None
+            early: PendingDecode | None = None  # packet 0's decode when it is frame 0 alone
+            if first_packet_frames == 1:
+                early = self.launch_decode([session], [launched.device_codes.clone()])
+                if self.can_launch(session):
+                    pending = self.launch_step([session])
+            result = self._all(self.collect_step(launched))[0]
             while True:
                 if result.codes is not None:
                     if held is not None:
@@ -491,19 +511,23 @@ class VoiceDesignEngine:
                 if result.finish_reason is not None:
                     break
                 if len(buffer) == (first_packet_frames if sequence == 0 else packet_frames):
-                    frames = torch.stack(buffer)
+                    if early is None:
+                        early = self.launch_decode([session], [torch.stack(buffer)])
+                    decode, early = early, None
                     if session.frames_emitted < EOS_BAN_FRAMES:
-                        decode = self.launch_decode([session], [frames])
                         if pending is None and self.can_launch(session):
                             pending = self.launch_step([session])
                         pcm = self.collect_decode(decode)[0]
                         yield AudioPacket(sequence, first_frame, len(buffer), pcm, False, None)
                         sequence += 1
                     else:
-                        held = (first_frame, len(buffer), self.launch_decode([session], [frames]))
+                        held = (first_frame, len(buffer), decode)
                     first_frame, buffer = first_frame + len(buffer), []
                 result, pending = self._solo_next(session, pending)
-            if buffer:
+            if early is not None:  # frame 0 was the last frame
+                pcm = self.collect_decode(early)[0]
+                yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
+            elif buffer:
                 pcm = self.decode_packet(session, torch.stack(buffer))
                 yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
             elif held is not None:
@@ -594,7 +618,7 @@ class VoiceDesignEngine:
         frames = tuple(s.frames_launched for s in sessions)
         for session in sessions:
             session.frames_in_flight += 1
-        return PendingStep(tuple(sessions), frames, host, ready)
+        return PendingStep(tuple(sessions), frames, host, ready, codes)
 
     @staticmethod
     def _all(results: list[FrameResult | None]) -> list[FrameResult]:

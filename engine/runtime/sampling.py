@@ -65,15 +65,29 @@ class SamplingRows:
         repetition_penalty: float = 1.0,
         device: torch.device | str = "cpu",
     ) -> SamplingRows:
-        """One row, made on the host and uploaded from pinned memory: `torch.tensor(..., device=cuda)` would
-        wait for the stream, i.e. for the frames of the sessions already running (`transfer.upload`)."""
-        target = torch.device(device)
+        """One row, made on the host and uploaded in one copy from pinned memory: `torch.tensor(...,
+        device=cuda)` would wait for the stream, i.e. for the frames of the sessions already running
+        (`transfer.upload`), and a copy per field costs host time while the GPU idles at a request's start.
+
+        The fields travel as the bytes of one buffer and are views into it on the device: each value is
+        converted on the host by `torch.tensor` in its own dtype, so the rows are what five tensors would be.
+        """
+        packed = torch.cat(
+            [
+                torch.tensor([top_p], dtype=torch.float64).view(torch.uint8),
+                torch.tensor([top_k], dtype=torch.int64).view(torch.uint8),
+                torch.tensor([temperature, repetition_penalty], dtype=torch.float32).view(torch.uint8),
+                torch.tensor([greedy], dtype=torch.bool).view(torch.uint8),
+            ]
+        )
+        fields = upload(packed, torch.device(device))
+        scales = fields[16:24].view(torch.float32)
         return cls(
-            greedy=upload(torch.tensor([greedy], dtype=torch.bool), target),
-            temperature=upload(torch.tensor([temperature], dtype=torch.float32), target),
-            top_k=upload(torch.tensor([top_k], dtype=torch.int64), target),
-            top_p=upload(torch.tensor([top_p], dtype=torch.float64), target),
-            repetition_penalty=upload(torch.tensor([repetition_penalty], dtype=torch.float32), target),
+            greedy=fields[24:25].view(torch.bool),
+            temperature=scales[0:1],
+            top_k=fields[8:16].view(torch.int64),
+            top_p=fields[0:8].view(torch.float64),
+            repetition_penalty=scales[1:2],
         )
 
     @classmethod

@@ -388,8 +388,9 @@ def test_synthesize_collects_a_held_packet_after_the_next_frame(
 ) -> None:
     """A full packet that must wait for the next result is decoded at once but collected only when it goes
     out, after the next frame was launched (the codec overlaps it on CUDA); the first packet, sent under the
-    EOS ban, goes out at once but after frame 1 was launched beside its decode; the final one is collected
-    at once. The bytes equal a blocking decode's."""
+    EOS ban, goes out at once but after frame 1 was launched beside its decode, both launched before frame 0
+    is collected (its decode reads frame 0's codes where they were made); the final one is collected at
+    once. The bytes equal a blocking decode's."""
     silent = make_engine(tiny_voice_design_config, tiny_tensors, decoder=SilentDecoder())
     monkeypatch.setattr(silent, "start_session", lambda request: silent.open_session(request, PLANS[2]))
     calls: list[str] = []
@@ -403,10 +404,12 @@ def test_synthesize_collects_a_held_packet_after_the_next_frame(
 
         return logged
 
-    for name in ("launch_step", "launch_decode", "collect_decode"):
+    for name in ("launch_step", "collect_step", "launch_decode", "collect_decode"):
         monkeypatch.setattr(silent, name, logging(name))
     packets = list(silent.synthesize(SynthesisRequest("x", "", max_frames=14)))
     assert [p.frame_count for p in packets] == [1, 4, 4, 4, 1]
+    assert calls[:3] == ["launch_decode", "launch_step", "collect_step"], calls
+    calls = [call for call in calls if call != "collect_step"]
     decodes = [i for i, call in enumerate(calls) if call == "launch_decode"]
     assert len(decodes) == 5 and calls.count("collect_decode") == 5
     first, *held, last_held, final = decodes
