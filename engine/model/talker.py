@@ -162,11 +162,7 @@ class Talker(nn.Module):
         if not plan.text_ids:
             raise ValueError("the prompt plan has no text tokens")
         fixed = self.fixed_prompt_pieces(tuple(plan.role_ids), plan.language_id)
-        # The request's ids in one copy, from pinned memory on CUDA: a pageable copy waits for the work queued
-        # on the stream (other sessions' frames, in a server), and a copy per segment would wait each time.
-        host = torch.tensor([*plan.instruct_ids, *plan.text_ids], dtype=torch.long)
-        device = self.codec_embedding.device
-        ids = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+        ids = self._device_ids([*plan.instruct_ids, *plan.text_ids])  # one copy, not one per segment
         instruct_ids, text_ids = ids.split([len(plan.instruct_ids), len(plan.text_ids)])
         segments = []
         if plan.instruct_ids:
@@ -207,7 +203,7 @@ class Talker(nn.Module):
             [*tags, tc.codec_pad_id, tc.codec_bos_id],
             list(role_ids),
         ]
-        ids = torch.tensor([i for piece in pieces for i in piece], dtype=torch.long, device=device)
+        ids = self._device_ids([i for piece in pieces for i in piece])
         specials, codec_ids, role = ids.split([len(p) for p in pieces])
         with torch.no_grad():
             tts_bos, tts_eos, tts_pad = self.text_embed(specials).split(1)
@@ -225,6 +221,13 @@ class Talker(nn.Module):
             self._fixed_prompt_pieces.clear()
         self._fixed_prompt_pieces[key] = fixed
         return fixed
+
+    def _device_ids(self, ids: list[int]) -> Tensor:
+        """Token ids on the talker's device, from pinned memory on CUDA: a pageable copy waits for the work
+        queued on the stream (other sessions' frames, in a server)."""
+        host = torch.tensor(ids, dtype=torch.long)
+        device = self.codec_embedding.device
+        return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
     def forward(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
         """Run embeds [B, T, H] at positions [B, T] for the sessions in cache `slots` [B].

@@ -12,8 +12,8 @@ every (bucket, packet size).
 
 The garbage collector: once everything is captured, the objects alive (modules, weights, graphs, the
 libraries' own) are frozen (`gc.freeze`), so the collections a request's allocations trigger stop walking
-that long-lived heap (a solo fast request took 1.5 ms less with the collector off,
-benchmarks/results/2026-12-01-run85). `undo` unfreezes.
+that long-lived heap: a solo fast request took 1.5 ms less with the collector off on run 85's machine
+(benchmarks/results/2026-12-01-run85), the same on run 86's. `undo` unfreezes.
 
 Buckets: the graph buckets are the powers of two below the engine's session count plus that count itself
 (8 sessions: 1, 2, 4, 8; 6: 1, 2, 4, 6; 16: 1, 2, 4, 8, 16), so a full engine runs in one replay with no
