@@ -189,3 +189,24 @@ def test_filtering_equals_transformers_processors() -> None:
         for processor in chain:
             expected = processor(input_ids, expected)
         assert torch.equal(warped[index : index + 1], expected), f"row {index}"
+
+
+@pytest.mark.parametrize(
+    ("greedy", "temperature", "top_k", "top_p", "penalty"),
+    [(False, 0.7, 50, 0.95, 1.05), (True, 1e300, 3072, 1.0, 1.0), (False, 1e-3, 0, 0.1 + 0.2, 2.0 / 3.0)],
+)
+def test_a_packed_single_row_equals_five_separate_tensors(
+    greedy: bool, temperature: float, top_k: int, top_p: float, penalty: float
+) -> None:
+    """`SamplingRows.single` uploads one packed buffer and views its fields: each field has the dtype, shape
+    and value (each float rounded to float32 as `torch.tensor` rounds it) of the tensor made on its own."""
+    single = SamplingRows.single(
+        greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty
+    )
+    expected = rows([greedy], [temperature], [top_k], [top_p], [penalty])
+    for name in ("greedy", "temperature", "top_k", "top_p", "repetition_penalty"):
+        got, want = getattr(single, name), getattr(expected, name)
+        assert got.dtype == want.dtype and got.shape == want.shape == (1,), name
+        assert torch.equal(got, want), name
+    batch = SamplingRows.cat([single, expected])
+    assert batch.top_p.tolist() == [top_p, top_p] and batch.greedy.tolist() == [greedy, greedy]
