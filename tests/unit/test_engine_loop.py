@@ -12,7 +12,7 @@ from torch import Tensor
 from qwen3_tts_native.engine.config import VoiceDesignConfig
 from qwen3_tts_native.engine.errors import EngineError, InvalidRequestError
 from qwen3_tts_native.engine.model.predictor import CodePredictor
-from qwen3_tts_native.engine.model.talker import Talker
+from qwen3_tts_native.engine.model.talker import FIXED_PROMPT_KEYS, Talker
 from qwen3_tts_native.engine.prompt import PromptPlan
 from qwen3_tts_native.engine.runtime import graphs
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
@@ -418,3 +418,28 @@ def test_synthesize_collects_a_held_packet_after_the_next_frame(
     for index in (first, *held):
         assert calls[index + 1 : index + 3] == ["launch_step", "collect_decode"], calls
     assert all(p.pcm == bytes(len(p.pcm)) for p in packets)
+
+
+def test_fixed_prompt_pieces_are_kept_per_role_and_language(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, Tensor]
+) -> None:
+    """A prompt built from the kept pieces equals the one built when they are computed afresh; the pieces are
+    kept per (role ids, language), so another language gets its own codec prefix, and the store stays
+    bounded however many role prefixes it sees."""
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    for plan in PLANS:
+        first = talker.prompt_embeddings(plan)
+        kept = talker.fixed_prompt_pieces(tuple(plan.role_ids), plan.language_id)
+        assert talker.fixed_prompt_pieces(tuple(plan.role_ids), plan.language_id) is kept
+        again = talker.prompt_embeddings(plan)
+        talker._fixed_prompt_pieces.clear()
+        afresh = talker.prompt_embeddings(plan)
+        for a, b, c in zip(first, again, afresh, strict=True):
+            assert torch.equal(a, b) and torch.equal(a, c)
+    auto = talker.fixed_prompt_pieces(tuple(ROLE), None)
+    english = talker.fixed_prompt_pieces(tuple(ROLE), 2050)
+    assert auto.codec_prefix.shape[0] + 1 == english.codec_prefix.shape[0]  # the language tag
+    assert torch.equal(auto.role, english.role)
+    for index in range(FIXED_PROMPT_KEYS + 5):
+        talker.fixed_prompt_pieces((index, index + 1), None)
+        assert len(talker._fixed_prompt_pieces) <= FIXED_PROMPT_KEYS
