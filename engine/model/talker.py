@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import VoiceDesignConfig
+from ..transfer import upload
 from .layers import (
     AttentionImpl,
     BlockShape,
@@ -223,11 +224,8 @@ class Talker(nn.Module):
         return fixed
 
     def _device_ids(self, ids: list[int]) -> Tensor:
-        """Token ids on the talker's device, from pinned memory on CUDA: a pageable copy waits for the work
-        queued on the stream (other sessions' frames, in a server)."""
-        host = torch.tensor(ids, dtype=torch.long)
-        device = self.codec_embedding.device
-        return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+        """Token ids on the talker's device, without waiting for the other sessions' frames (`upload`)."""
+        return upload(torch.tensor(ids, dtype=torch.long), self.codec_embedding.device)
 
     def forward(self, embeds: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
         """Run embeds [B, T, H] at positions [B, T] for the sessions in cache `slots` [B].

@@ -41,6 +41,7 @@ from ..model.talker import PromptPlanLike, Talker
 from ..prompt import build_prompt_plan
 from ..snapshot import load_speech_decoder_tensors, load_voice_design_tensors
 from ..tokenizer import TextTokenizer
+from ..transfer import upload
 from .codec_graphs import CodecGraphs, fp32_codec
 from .graphs import SCRATCH_SLOTS
 from .modes import Mode, resolve_mode
@@ -48,7 +49,6 @@ from .request import AudioPacket, FrameResult, SynthesisRequest, validate_reques
 from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import UNIFORM_BLOCK_FRAMES, Session
 from .step import EagerFrameBackend, FrameBackend, SlotState
-from .transfer import upload
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,11 @@ from ..kernels.reference import QuantizedWeight, quantize_weight
 from ..model.layers import KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
+from ..transfer import upload, upload_into
 from . import step
 from .modes import EXACT, Mode
 from .sampling import SamplingRows
 from .step import FrameRows, SlotState, StepIndex
-from .transfer import upload, upload_into
 
 if TYPE_CHECKING:
     from .engine import VoiceDesignEngine

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .transfer import upload
+from ..transfer import upload
 
 EOS_BAN_FRAMES = 2
 """EOS is banned while fewer than this many cb0 tokens exist (official min_new_tokens=2)."""

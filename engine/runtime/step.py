@@ -21,8 +21,8 @@ from torch import Tensor
 from ..model.layers import KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
+from ..transfer import upload
 from .sampling import SamplingRows, sample_with_uniform, talker_banned_tokens
-from .transfer import upload
 
 UNIFORMS_PER_FRAME = 16
 """Draws per frame, in this order: cb0, then cb1..cb15."""
