@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..audio import pcm16_bytes, pcm16_samples
-from ..config import VoiceDesignConfig, load_config
+from ..config import SAMPLES_PER_FRAME, VoiceDesignConfig, load_config
 from ..errors import EngineError, InvalidRequestError
 from ..model.codec import CodecStreamState, SpeechDecoder
 from ..model.predictor import CodePredictor
@@ -228,8 +228,6 @@ class VoiceDesignEngine:
             codec_state = self.decoder.new_stream_state()
         slot = self._free_slots.pop(0)
         try:
-            if self.codec_backend is not None:
-                self.codec_backend.reset(slot)
             self.slot_state.cb0_history[slot].zero_()
         except BaseException:
             self._free_slots.insert(0, slot)
@@ -282,7 +280,14 @@ class VoiceDesignEngine:
         for session in sessions:
             session.position = session.prompt_length
             session.prompt = None
-        return self._launched(sessions, codes)
+        launched = self._launched(sessions, codes)
+        if self.codec_backend is not None:
+            # Here, not in open_session: the host resets the slots' codec streams while the GPU runs the
+            # prompt pass, instead of before it can start (a solo request's start is host-bound), and still
+            # ahead of any decode of these sessions on the codec stream.
+            for session in sessions:
+                self.codec_backend.reset(session.slot)
+        return launched
 
     def step(self, sessions: list[Session]) -> list[FrameResult]:
         """ONE batched forward: a talker token + 15 predictor steps for every session; +1 frame each.
@@ -313,9 +318,9 @@ class VoiceDesignEngine:
         before the frame is collected) is computed and ignored: `collect_step` gives None for it. Its
         writes are harmless to the next session opened on the slot, whose setup is enqueued after it
         (the slot is freed only once the session has ended, after this launch): `open_session` clears
-        the slot's cb0 history (and resets its codec graph state; the frame never reaches a codec), the
-        prefill overwrites the slot's last codes and draws frame 0's uniform block afresh, and the KV
-        entry it wrote at position p is overwritten by the new session at p before anything reads it (a
+        the slot's cb0 history, `launch_prefill` resets its codec graph state (the frame never reaches a
+        codec), the prefill overwrites the slot's last codes and draws frame 0's uniform block afresh, and the
+        KV entry it wrote at position p is overwritten by the new session at p before anything reads it (a
         row attends to its keys 0..its own position only). It stays within the slot's context: a frame
         is launched only below `max_frames`, whose positions `open_session` checked.
         """
@@ -499,6 +504,8 @@ class VoiceDesignEngine:
             held: tuple[int, int, PendingDecode] | None = None  # (first frame, frames, decode), a full packet
             launched, pending = self.launch_prefill([session]), None
             early: PendingDecode | None = None  # packet 0's decode when it is frame 0 alone
+            final: PendingDecode | None = None  # the last packet, launched before its last frame ends
+            on_device = self.codec_backend is not None
             if first_packet_frames == 1:
                 early = self.launch_decode([session], [launched.device_codes.clone()])
                 if self.can_launch(session):
@@ -526,9 +533,16 @@ class VoiceDesignEngine:
                     else:
                         held = (first_frame, len(buffer), decode)
                     first_frame, buffer = first_frame + len(buffer), []
+                if final is None and pending is not None and not self.can_launch(session) and on_device:
+                    final = self.launch_decode([session], [self._final_packet_codes(buffer, pending)])
                 result, pending = self._solo_next(session, pending)
             if early is not None:  # frame 0 was the last frame
                 pcm = self.collect_decode(early)[0]
+                yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
+            elif final is not None and buffer:
+                # The decode of buffer + the last frame; when that frame was EOS, the buffer's own samples
+                # (the decoder is strictly causal: its first frames do not depend on the next one).
+                pcm = self.collect_decode(final)[0][: len(buffer) * SAMPLES_PER_FRAME * 2]
                 yield AudioPacket(sequence, first_frame, len(buffer), pcm, True, result.finish_reason)
             elif buffer:
                 pcm = self.decode_packet(session, torch.stack(buffer))
@@ -538,6 +552,15 @@ class VoiceDesignEngine:
                 yield AudioPacket(sequence, held[0], held[1], pcm, True, result.finish_reason)
         finally:
             self.release(session)
+
+    def _final_packet_codes(self, buffer: list[Tensor], last: PendingStep) -> Tensor:
+        """The codes [n + 1, 16] of the collected frames `buffer` and the frame in flight `last` (on the
+        device, where it is being made), for a decode launched before `last` is collected. An EOS cb0 (not a
+        codec code) is clamped into the codebook: the samples of that frame are then dropped unread."""
+        tail = last.device_codes.clamp(max=self.config.speech_decoder.codebook_size - 1)
+        if not buffer:
+            return tail
+        return torch.cat([upload(torch.stack(buffer), self.device), tail])
 
     def generate_codes(self, request: SynthesisRequest) -> Tensor:
         """All frames of one request, solo: LongTensor[T, 16] (EOS excluded)."""

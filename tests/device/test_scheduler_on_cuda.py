@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from qwen3_tts_native.commands.bench import EOS_TENSOR
 from qwen3_tts_native.engine.checkpoint import write_random_snapshot
+from qwen3_tts_native.engine.config import load_config
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 from qwen3_tts_native.engine.runtime.request import AudioPacket, SynthesisRequest
 from qwen3_tts_native.engine.runtime.scheduler import Event, Finished, RequestHandle, Scheduler
@@ -104,3 +107,52 @@ def test_opening_a_session_does_not_wait_for_the_frames_in_flight(engine: VoiceD
     finally:
         torch.cuda.synchronize()
         engine.release(session)
+
+
+@pytest.fixture(scope="module")
+def eos_prone_engine(tmp_path_factory: pytest.TempPathFactory) -> VoiceDesignEngine:
+    """A tiny engine whose EOS logit is scaled up 1000 times: once the ban lifts, each frame is EOS or not
+    by the sign of that logit, so a few seeds find a request whose frame k is EOS."""
+    snapshot: Path = tmp_path_factory.mktemp("tiny-eos")
+    write_random_snapshot(snapshot, "tiny", 0)
+    weights = load_file(snapshot / "model.safetensors")
+    eos = load_config(snapshot).talker.codec_eos_token_id
+    weights[EOS_TENSOR][eos] *= 1000
+    save_file(weights, snapshot / "model.safetensors")
+    return VoiceDesignEngine.load(snapshot, device="cuda", dtype=torch.bfloat16, max_sessions=1)
+
+
+def test_a_last_frame_that_is_eos_ends_synthesize_with_the_frames_before_it(
+    eos_prone_engine: VoiceDesignEngine,
+) -> None:
+    """`synthesize` decodes its last packet before the last frame is collected, from that frame's codes on
+    the GPU. When that frame is EOS, the packet is the frames before it: the same packets as the scheduler's
+    (which decodes after collecting), the last one's samples within one PCM16 step of its decode (a decode
+    of one more frame, cut: the decoder is causal, but the packet sizes' graphs round apart)."""
+    engine = eos_prone_engine
+    stopped = None
+    for seed in range(32):
+        probe = SynthesisRequest("An early stop.", "A calm voice.", seed=seed, max_frames=12)
+        frames = sum(p.frame_count for p in engine.synthesize(probe))
+        if frames < 12:
+            stopped = (seed, frames)  # frame `frames` was EOS
+            break
+    assert stopped is not None, "no seed of 32 drew EOS"
+    seed, frames = stopped
+    request = SynthesisRequest("An early stop.", "A calm voice.", seed=seed, max_frames=frames + 1)
+    got = list(engine.synthesize(request))
+    scheduler = Scheduler(engine, capacity=1, queue_packets=64)
+    try:
+        arrived = threading.Event()
+        events = events_of(scheduler.submit(request, arrived.set), arrived)
+    finally:
+        scheduler.close(30)
+    expected = [event for event in events if isinstance(event, AudioPacket)]
+    assert [p.frame_count for p in got] == [p.frame_count for p in expected]
+    assert sum(p.frame_count for p in got) == frames
+    assert got[-1].is_final and got[-1].finish_reason == "stop"
+    assert got[:-1] == expected[:-1]
+    last, reference = (
+        torch.frombuffer(bytearray(p.pcm), dtype=torch.int16).int() for p in (got[-1], expected[-1])
+    )
+    assert (last - reference).abs().max().item() <= 1
