@@ -496,6 +496,13 @@ class VoiceDesignEngine:
         a 64-frame fast request 0.96 ms shorter (155.56 -> 154.60 ms), first audio 0.29 ms later (6.98 ->
         7.26 ms; the packet now shares the GPU with frame 1 from its start), H200, medians of 6 alternating
         rounds in one process (benchmarks/results/2026-12-02-run89).
+
+        The last packet is decoded the same way on CUDA: once the last frame `max_frames` allows is launched,
+        the decode of the frames collected since the last packet plus that frame's device codes is launched
+        behind it, so no host round trip follows the last frame (the profiled tail 1.99 -> 1.31 ms, run 92).
+        If that frame turns out to be EOS, the packet is the collected frames' samples of that decode (the
+        decoder is strictly causal; they match a decode of those frames alone to the float rounding of the
+        other packet size's graph, within one PCM16 step in the device test).
         """
         session = self.start_session(request)
         try:
