@@ -499,7 +499,8 @@ class VoiceDesignEngine:
 
         The last packet is decoded the same way on CUDA: once the last frame `max_frames` allows is launched,
         the decode of the frames collected since the last packet plus that frame's device codes is launched
-        behind it, so no host round trip follows the last frame (the profiled tail 1.99 -> 1.31 ms, run 92).
+        behind it, so no host round trip follows the last frame: a 64-frame fast request 154.58 -> 154.01 ms,
+        every round of 6 in one process (benchmarks/results/2026-12-02-run93).
         If that frame turns out to be EOS, the packet is the collected frames' samples of that decode (the
         decoder is strictly causal; they match a decode of those frames alone to the float rounding of the
         other packet size's graph, within one PCM16 step in the device test).
