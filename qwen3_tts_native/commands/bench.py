@@ -762,18 +762,33 @@ def http_ttfa(model: Path, runs: int, mode: str, port: int = 18089) -> dict[str,
 
 
 # ------------------------------------------------------------------------------------------------ main
+def _times_faster(peer: Any, ours: Any) -> float | None:
+    """How many times a peer's figure is ours (RTF or latency: lower is faster), None without both."""
+    if isinstance(peer, int | float) and isinstance(ours, int | float) and ours > 0:
+        return float(peer) / float(ours)
+    return None
+
+
 def build_summary(result: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The figures anyone compares runs by, for one mode; each peer's single-stream RTF and time to first
+    audio from the same run, with how many times faster this mode is on each (`*_times_faster`)."""
     m = result["modes"].get(mode, {})
     conc = m.get("concurrency", {})
-    peers = {
-        name: {k: rec.get(k) for k in ("single_stream_rtf", "ttfa_ms", "error") if rec.get(k) is not None}
-        for name, rec in result.get("peers", {}).items()
-    }
+    single_stream_rtf = m.get("single", {}).get("rtf", {}).get("median")
+    ttfa_p50_ms = m.get("ttfa_ms", {}).get("p50")
+    peers = {}
+    for name, rec in result.get("peers", {}).items():
+        peer = {k: rec.get(k) for k in ("single_stream_rtf", "ttfa_ms", "error") if rec.get(k) is not None}
+        ratios = {
+            "single_stream_rtf_times_faster": _times_faster(rec.get("single_stream_rtf"), single_stream_rtf),
+            "ttfa_times_faster": _times_faster(rec.get("ttfa_ms"), ttfa_p50_ms),
+        }
+        peers[name] = peer | {k: v for k, v in ratios.items() if v is not None}
     return {
         "mode": mode,
         "gpu": result["system"].get("gpu"),
-        "single_stream_rtf": m.get("single", {}).get("rtf", {}).get("median"),
-        "ttfa_p50_ms": m.get("ttfa_ms", {}).get("p50"),
+        "single_stream_rtf": single_stream_rtf,
+        "ttfa_p50_ms": ttfa_p50_ms,
         "ttfa_p95_ms": m.get("ttfa_ms", {}).get("p95"),
         "http_ttfa_p50_ms": result.get("http", {}).get(mode, {}).get("ttfa_ms", {}).get("p50"),
         "aggregate_rtf": {k: v.get("aggregate_rtf") for k, v in conc.items()},
@@ -790,6 +805,9 @@ def print_table(summary: dict[str, Any]) -> None:
     def fmt(value: Any) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
+    def times(ratio: float | None) -> str:
+        return "no ratio" if ratio is None else f"ours {ratio:.1f}x faster"
+
     print(f"\n== {summary['mode']} on {summary['gpu']}")
     print(
         f"single-stream RTF {fmt(summary['single_stream_rtf'])}   TTFA p50/p95 {fmt(summary['ttfa_p50_ms'])}/"
@@ -802,7 +820,14 @@ def print_table(summary: dict[str, Any]) -> None:
             f"worst stream RTF {fmt(summary['worst_stream_rtf'][streams])}"
         )
     for name, peer in summary["peers"].items():
-        print(f"  peer {name}: {peer}")
+        if "error" in peer:
+            print(f"  peer {name}: {peer['error']}")
+            continue
+        rtf_ratio, ttfa_ratio = (peer.get(f"{k}_times_faster") for k in ("single_stream_rtf", "ttfa"))
+        print(
+            f"  peer {name}: single-stream RTF {fmt(peer.get('single_stream_rtf'))} ({times(rtf_ratio)})   "
+            f"TTFA {fmt(peer.get('ttfa_ms'))} ms ({times(ttfa_ratio)})"
+        )
 
 
 def mode_process_command(args: argparse.Namespace, mode: str, timing_model: Path, out: Path) -> list[str]:
