@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import subprocess
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,23 @@ def load_timing_engine(model: Path, mode: Any, max_sessions: int, max_context: i
         max_context=max_context,
         mode=mode,
     )
+
+
+def median_request_ms(engine: Any, flow: Callable[[Any, int], object], runs: int) -> float:
+    """The median wall time (ms) of `runs` requests of a flow (`flow(engine, seed)`, seeds 0..runs-1), each
+    started from an idle GPU and waited for (the in-process A/B scripts' timing)."""
+    import time
+
+    import torch
+
+    values = []
+    for seed in range(runs):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        flow(engine, seed)
+        values.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(values)
 
 
 def comma_names(text: str) -> list[str]:

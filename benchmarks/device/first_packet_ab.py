@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
-from common import load_timing_engine, measurement_parser, modes_result
+from common import load_timing_engine, measurement_parser, median_request_ms, modes_result
 from torch import Tensor
 
 from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
@@ -102,18 +101,6 @@ def host_codes_request(engine: VoiceDesignEngine, seed: int) -> None:
         pass
 
 
-def median_ms(engine: VoiceDesignEngine, flow: Callable[[VoiceDesignEngine, int], None]) -> float:
-    """The median over `RUNS` requests of a flow's wall time, each from an idle GPU."""
-    values = []
-    for seed in range(RUNS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        flow(engine, seed)
-        values.append((time.perf_counter() - start) * 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(values)
-
-
 def main() -> int:
     args = measurement_parser(__doc__, modes=False).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -125,11 +112,11 @@ def main() -> int:
         "request_host_codes": host_codes_request,
     }
     for flow in flows.values():
-        median_ms(engine, flow)  # warm every path (the codec's 1-frame graph, the threads)
+        median_request_ms(engine, flow, RUNS)  # warm every path (the codec's 1-frame graph, the threads)
     rounds: dict[str, list[float]] = {name: [] for name in flows}
     for _ in range(ROUNDS):
         for name, flow in flows.items():
-            rounds[name].append(round(median_ms(engine, flow), 3))
+            rounds[name].append(round(median_request_ms(engine, flow, RUNS), 3))
     result = modes_result()
     result["modes"] = {
         name: {"median_ms": statistics.median(values), "round_medians_ms": values}

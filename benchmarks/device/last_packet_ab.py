@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
-from common import load_timing_engine, measurement_parser, modes_result
+from common import load_timing_engine, measurement_parser, median_request_ms, modes_result
 from torch import Tensor
 
 from qwen3_tts_native.commands.bench import make_request, zero_eos_copy
@@ -88,21 +87,6 @@ def collected_request(engine: VoiceDesignEngine, seed: int) -> list[AudioPacket]
     return list(collected_last_synthesize(engine, make_request(REQUEST_FRAMES, seed=seed)))
 
 
-Flow = Callable[[VoiceDesignEngine, int], list[AudioPacket]]
-
-
-def median_ms(engine: VoiceDesignEngine, flow: Flow) -> float:
-    """The median over `RUNS` requests of a flow's wall time, each from an idle GPU."""
-    values = []
-    for seed in range(RUNS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        flow(engine, seed)
-        values.append((time.perf_counter() - start) * 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(values)
-
-
 def main() -> int:
     args = measurement_parser(__doc__, modes=False).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +96,7 @@ def main() -> int:
     rounds: dict[str, list[float]] = {name: [] for name in flows}
     for _ in range(ROUNDS):
         for name, flow in flows.items():
-            rounds[name].append(round(median_ms(engine, flow), 3))
+            rounds[name].append(round(median_request_ms(engine, flow, RUNS), 3))
     result = modes_result()
     result["same_packets"] = same
     result["modes"] = {
