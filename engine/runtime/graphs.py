@@ -97,15 +97,18 @@ class PromptRows:
         what that row does (same slot, position and input), so padding changes no other row's inputs and no
         cache entry."""
         lengths = [p.shape[0] for p in prompts]
-        device = prompts[0].device
         pad = rows - sum(lengths)
         positions = torch.cat([torch.arange(n) for n in lengths] + [torch.full((pad,), lengths[-1] - 1)])
         ends = torch.tensor(lengths).cumsum(0) - 1
-        counts = upload(torch.tensor([*lengths[:-1], lengths[-1] + pad]), device)
+        counts = torch.tensor([*lengths[:-1], lengths[-1] + pad])
+        # One upload for the three index vectors (a pinned copy costs host time before the pass can start).
+        positions, counts, ends = upload(torch.cat([positions, counts, ends]), prompts[0].device).split(
+            [rows, len(prompts), len(prompts)]
+        )
         # torch.cat copies: the pass updates its residual stream in place.
         embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
-        padded = cls(embeds, upload(positions, device), slots.repeat_interleave(counts, output_size=rows))
-        return padded, upload(ends, device)
+        padded = cls(embeds, positions, slots.repeat_interleave(counts, output_size=rows))
+        return padded, ends
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
