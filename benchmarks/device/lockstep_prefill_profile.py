@@ -2,11 +2,11 @@
 wall time over a few runs, and one prefill profiled inside a run (host ops and CUDA runtime calls by self CPU
 time, kernels by CUDA time).
 
-Why: run 87 put fast's 64-stream prefill at 91 ms against 51-60 ms before, and run 90 showed it is the code
-(e6d54f2 against its parent f248803 on one machine, the SM clock the same) and only inside a lockstep run:
-`prefill_profile.py`, which runs prefills alone, measured the same code at the parent's figure. So something
-a full level leaves behind (frames, codec decodes, released sessions) slows the next prefill. Run it for each
-tree carried under `.whl/` (PYTHONPATH) and compare the tables.
+Why: run 87 put fast's 64-stream prefill at 91 ms against 51-60 ms before, and run 90 seemed to pin it on
+e6d54f2 (slower than its parent f248803 in both alternating pairs, the SM clock the same). Run for each
+tree carried under `.whl/` (PYTHONPATH), one process each, and compare the tables. Run 91 did: the same tree
+was fast in one process and slow in another, the GPU time the same in every process, the host's time per op
+about 2x apart. A prefill of several sessions is host-bound: its wall time follows the host speed.
 
 Usage: python benchmarks/device/lockstep_prefill_profile.py --model SNAPSHOT --out DIR --tag NAME
     [--streams 16]

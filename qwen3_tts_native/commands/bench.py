@@ -823,7 +823,7 @@ def print_table(summary: dict[str, Any]) -> None:
         if "error" in peer:
             print(f"  peer {name}: {peer['error']}")
             continue
-        rtf_ratio, ttfa_ratio = (peer.get(f"{k}_times_faster") for k in ("single_stream_rtf", "ttfa"))
+        rtf_ratio, ttfa_ratio = peer.get("single_stream_rtf_times_faster"), peer.get("ttfa_times_faster")
         print(
             f"  peer {name}: single-stream RTF {fmt(peer.get('single_stream_rtf'))} ({times(rtf_ratio)})   "
             f"TTFA {fmt(peer.get('ttfa_ms'))} ms ({times(ttfa_ratio)})"
