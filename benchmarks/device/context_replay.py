@@ -49,9 +49,11 @@ def main() -> int:
     result = modes_result()
     shipped = graphs.KernelFrame.prompt_hidden
 
-    def whole_cache(self: graphs.KernelFrame, rows: graphs.PromptRows, cache: Any, layout: Any = None) -> Any:
+    def whole_cache(
+        self: graphs.KernelFrame, rows: graphs.PromptRows, cache: Any, sequences: Any = None
+    ) -> Any:
         return self.talker_hidden(
-            rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False, layout=layout
+            rows.embeds, rows.positions, rows.slots, cache, distinct_slots=False, sequences=sequences
         )
 
     for mode in args.modes:

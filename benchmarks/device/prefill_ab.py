@@ -1,9 +1,10 @@
-"""A/B, in one process and alternating run by run, of the lockstep concurrency levels with the prompt passes
-above the graph buckets attending through `PromptLayout` (torch's flash attention over each prompt, as
-shipped) and through the per-row decode kernel over the whole cache (before), on a full random snapshot.
+"""A/B, in one process and alternating run by run, of the lockstep concurrency levels with the packed
+prompt passes (several sessions prefilled together) replayed on their CUDA graphs (as shipped) and run
+eagerly (before: `PACKED_PROMPT_BUCKETS` empty, so such a pass runs its tokens' rows unpadded, from
+Python), on a full random snapshot.
 
-Why: run 28's lockstep walls moved the other way from its GPU time (busy -27 ms at 64 streams, wall +32 ms),
-on a machine whose host ran slower than run 26's; only a same-process comparison separates the two.
+Why: run 91 found the 64-stream prefill host-bound when eager (~2,000 host ops a pass, 24-47 ms of host for
+15.5 ms of GPU at 16 sessions); only a same-process comparison separates that from the machine's host speed.
 
 Usage: python benchmarks/device/prefill_ab.py --model SNAPSHOT --out DIR [--streams 16,64]
 """
@@ -30,8 +31,8 @@ def main() -> int:
     timing_model = zero_eos_copy(args.model)
     levels = comma_ints(args.streams)
     result = modes_result()
-    shipped = graphs.PromptLayout.of
-    variants = {"layout": shipped, "per_row_kernel": lambda prompts, slots: None}
+    shipped = graphs.PACKED_PROMPT_BUCKETS
+    variants = {"packed_graphs": shipped, "eager": ()}
     for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, max(levels))
         samples: dict[str, dict[str, list[float]]] = {}
@@ -39,14 +40,14 @@ def main() -> int:
             for streams in levels:
                 run_concurrent(engine, streams, FRAMES, 60)
                 for _ in range(RUNS):
-                    for name, of in variants.items():
-                        graphs.PromptLayout.of = of  # type: ignore[method-assign]
+                    for name, buckets in variants.items():
+                        graphs.PACKED_PROMPT_BUCKETS = buckets
                         level = run_concurrent(engine, streams, FRAMES, 60)
                         key = f"{streams}_streams_{name}"
                         for figure in ("wall_s", "prefill_s", "worst_stream_rtf", "aggregate_rtf"):
                             samples.setdefault(key, {}).setdefault(figure, []).append(level[figure])
         finally:
-            graphs.PromptLayout.of = shipped  # type: ignore[method-assign]
+            graphs.PACKED_PROMPT_BUCKETS = shipped
         record_medians(result, mode, samples)
         del engine
         torch.cuda.empty_cache()

@@ -27,6 +27,7 @@ __all__ = [
     "kernels_available",
     "linear",
     "linear_swiglu",
+    "prompt_attention",
     "qk_norm_rope_cache",
     "quantize_rows_fp8",
     "rms_norm",
@@ -164,6 +165,23 @@ def decode_attention(
     out = torch.empty_like(q)
     ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale, covered)
     return out.view(batch, heads * head_dim)
+
+
+def prompt_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Tensor, span: int, scale: float) -> Tensor:
+    """Causal attention inside each sequence of packed rows: rows bounds[i] .. bounds[i + 1] - 1 (int32,
+    ascending, the row count last) are sequence i, in order; q [R, Hq, D], k/v [R, Hkv, D] -> [R, Hq * D].
+    `span` bounds every sequence's length (the caller guarantees it).
+
+    On CUDA this is torch's varlen flash attention (GQA native, fixed launch shapes for a given span, so a
+    graph can capture it): scores and the online softmax in fp32, judged like `decode_attention` against
+    float64 attention over the same inputs (tests/device/test_kernel_parity.py).
+    """
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] > 256:
+        return reference.prompt_attention(q, k, v, bounds, scale)
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, bounds, bounds, span, span, 0.0, True, False, scale=scale
+    )[0]
+    return out.view(q.shape[0], -1)
 
 
 SHORT_CACHE = 64

@@ -7,6 +7,7 @@ additions are the shapes the kernels use (flattened rows, in-place residual, one
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +119,20 @@ def decode_attention(
     return layers.attention(
         q.unsqueeze(1), k_cache[slots], v_cache[slots], (lengths - 1).unsqueeze(1), scale
     )[:, 0]
+
+
+def prompt_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Tensor, scale: float) -> Tensor:
+    """Packed sequences (rows bounds[i] .. bounds[i + 1] - 1, each from position 0), q [R, Hq, D], k/v
+    [R, Hkv, D] -> [R, Hq * D]: each sequence through `layers.attention` over its own keys."""
+    edges = bounds.tolist()
+    out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    for start, stop in itertools.pairwise(edges):
+        if stop > start:
+            keys = k[start:stop].transpose(0, 1).unsqueeze(0)
+            values = v[start:stop].transpose(0, 1).unsqueeze(0)
+            positions = torch.arange(stop - start, device=q.device).unsqueeze(0)
+            out[start:stop] = layers.attention(q[start:stop].unsqueeze(0), keys, values, positions, scale)[0]
+    return out
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:

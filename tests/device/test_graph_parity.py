@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -260,6 +261,13 @@ BATCHED = [
     replace(greedy(seed=3, frames=16), text="One.", talker_sampling=TalkerSampling(temperature=1.3)),
 ]
 """Four sessions of different prompt lengths, greedy and sampled: bucket 4 with no padded row."""
+LONG_TEXT = (
+    "The committee met on Tuesday afternoon to review the budget, the hiring plan and the schedule for the "
+    "new laboratory, and after a long discussion it agreed to postpone the decision until the spring, when "
+    "the final figures from the last quarter would be known to everyone involved."
+)
+PACKED = [replace(r, text=f"{r.text} {LONG_TEXT}") for r in BATCHED]
+"""The same four with prompts long enough that their pass is a packed one (above `PROMPT_BUCKETS`)."""
 
 
 def run_batched(
@@ -287,24 +295,31 @@ def run_batched(
     return [torch.stack(f) for f in frames]
 
 
-def test_batched_prefill_replays_the_eager_kernels(engine: VoiceDesignEngine, report_dir: Path) -> None:
-    """Exact mode: `prefill_many` (all prompts as rows of one kernel pass, frame 0 on the complete-frames
-    graph of bucket 4) and the steps after it equal the same kernels run eagerly, bit for bit; each
-    prompt's last hidden from the batched pass stays within LOGIT_TOLERANCE (talker logits, relative L2) of
-    its single-prompt pass (cuBLAS rounds a product of M = all rows differently from M = one prompt)."""
+@pytest.mark.parametrize("name,requests", [("batched", BATCHED), ("packed", PACKED)])
+def test_batched_prefill_replays_the_eager_kernels(
+    engine: VoiceDesignEngine, report_dir: Path, name: str, requests: list[SynthesisRequest]
+) -> None:
+    """Exact mode: `prefill_many` (all prompts as rows of one kernel pass: a bucketed one, or a packed one
+    attending per sequence; frame 0 on the complete-frames graph of bucket 4) and the steps after it equal
+    the same kernels run eagerly, bit for bit; each prompt's last hidden from the batched pass stays within
+    LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS rounds a product of
+    M = all rows differently from M = one prompt, and flash attention rounds unlike the decode kernel)."""
     eager_engine = fresh_engine(engine)
     eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
-    eager = run_batched(eager_engine, BATCHED)
+    eager = run_batched(eager_engine, requests)
     graphed_engine, undo = with_backend(engine)
     try:
-        graphed = run_batched(graphed_engine, BATCHED)
+        graphed = run_batched(graphed_engine, requests)
+        backend = cast(graphs.GraphFrameBackend, graphed_engine.frame_backend)
+        packed = backend._packed is not None and bool(backend._packed.graphs)
     finally:
         undo()
+    assert packed == (name == "packed")
     for index, (e, g) in enumerate(zip(eager, graphed, strict=True)):
         assert first_difference(e, g) == e.shape[0] == g.shape[0], f"session {index}"
 
     frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
-    sessions = [engine.start_session(r) for r in BATCHED]
+    sessions = [engine.start_session(r) for r in requests]
     try:
         prompts = [s.prompt for s in sessions if s.prompt is not None]
         cache = engine.talker.new_cache(len(prompts), engine.max_context)
@@ -322,7 +337,7 @@ def test_batched_prefill_replays_the_eager_kernels(engine: VoiceDesignEngine, re
         "batched_vs_single_prompt_logit_rel_l2": rel,
         "cb0_argmax_agreement": float((together.argmax(-1) == alone.argmax(-1)).float().mean()),
     }
-    (report_dir / "batched-prefill.json").write_text(json.dumps(report, indent=2))
+    (report_dir / f"{name}-prefill.json").write_text(json.dumps(report, indent=2))
     print(report)
     assert max(rel) <= LOGIT_TOLERANCE, report
 

@@ -9,6 +9,9 @@ Tolerances, per op:
   ~1.5e-2 relative L2 (first device run), while the kernel keeps both in fp32 and rounds once, at the
   output. Gate: relative L2 <= 4e-3 to float64 (one bf16 output rounding is ~1.1e-3 RMS, 2^-9 at most
   per element; fp32 accumulation adds ~1e-6), and no farther from float64 than the reference is.
+- prompt_attention (packed prompt passes; torch's varlen flash attention): like decode_attention, against
+  float64, relative L2 <= 1e-2 (it rounds the probabilities to bf16 before P.V) and <= 1.5x the bf16
+  reference's; a graph replay on another sequence table gives that table's eager bits.
 - linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
   against the fp32 product of the stored codes (reference.linear).
 - rms_norm_linear: the residual sum exact; the product equal to the norm kernel then the GEMV in >= 95% of
@@ -170,30 +173,51 @@ def test_decode_attention_over_a_span_is_bit_identical(ext, max_len: int, longes
         ext.decode_attention(out, q, k_cache, v_cache, slots, lengths, workspace, 1.0, max_len + 1)
 
 
-def test_prompt_layout_attention_on_cuda() -> None:
-    """A pass of whole prompts above the graph buckets attends through `PromptLayout.attend` (torch's flash
-    attention over a [prompts, longest] grid): judged like decode_attention, against float64 attention over
-    the same bf16 inputs, within 1e-2 relative L2 (flash rounds the probabilities to bf16 before P.V, as the
-    bf16 reference does) and no farther than 1.5x the bf16 reference's own distance."""
-    from qwen3_tts_native.engine.runtime.graphs import PromptLayout
+def test_packed_prompt_attention_on_cuda() -> None:
+    """A packed prompt pass attends through `PromptSequences.attend` (`ops.prompt_attention`: torch's varlen
+    flash attention over each sequence of the pass): judged like decode_attention, against float64
+    attention over the same bf16 inputs, within 1e-2 relative L2 (flash rounds the probabilities to bf16
+    before P.V, as the bf16 reference does) and no farther than 1.5x the bf16 reference's own distance. A
+    CUDA graph captured on one sequence table and replayed on another gives the eager bits of the other."""
+    from qwen3_tts_native.engine.runtime.graphs import PromptRows
 
-    heads, kv_heads, dim, cache_len = 16, 8, 128, 320
+    heads, kv_heads, dim, cache_len, scale = 16, 8, 128, 640, 128**-0.5
     lengths = [152] * 8 + [37, 151, 1, 300]
     slots = torch.randperm(16, device="cuda")[: len(lengths)]
     k_cache = torch.randn(16, kv_heads, cache_len, dim, device="cuda", dtype=BF16)
     v_cache = torch.randn_like(k_cache)
-    queries = torch.randn(sum(lengths), heads, dim, device="cuda", dtype=BF16) * 2
-    positions = torch.cat([torch.arange(n, device="cuda") for n in lengths])
-    row_slots = slots.repeat_interleave(torch.tensor(lengths, device="cuda"))
     prompts = [torch.zeros(n, 1, device="cuda") for n in lengths]
-    got = PromptLayout.of(prompts, slots).attend(queries, k_cache, v_cache, dim**-0.5)
+    rows, _, sequences = PromptRows.packed(prompts, slots, 1792)
+    assert sequences.span == 512
+    queries = torch.randn(1792, heads, dim, device="cuda", dtype=BF16) * 2
+    got = sequences.attend(queries, k_cache, v_cache, rows.slots, rows.positions, scale)
     exact = reference.decode_attention(
-        queries.double(), k_cache.double(), v_cache.double(), row_slots, positions + 1, dim**-0.5
+        queries.double(), k_cache.double(), v_cache.double(), rows.slots, rows.positions + 1, scale
     )
-    expected = reference.decode_attention(queries, k_cache, v_cache, row_slots, positions + 1, dim**-0.5)
+    expected = reference.decode_attention(queries, k_cache, v_cache, rows.slots, rows.positions + 1, scale)
+    live = sum(lengths)  # the padding rows attend only to each other
     assert not torch.isnan(got.float()).any()
-    assert rel(got, exact) <= 1e-2
-    assert rel(got, exact) <= 1.5 * rel(expected, exact)
+    assert rel(got[:live], exact[:live]) <= 1e-2
+    assert rel(got[:live], exact[:live]) <= 1.5 * rel(expected[:live], exact[:live])
+
+    keys, values = torch.randn(2, 1792, kv_heads, dim, device="cuda", dtype=BF16)
+    bounds = sequences.bounds.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.prompt_attention(queries, keys, values, bounds, 512, scale)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = ops.prompt_attention(queries, keys, values, bounds, 512, scale)
+    other = [torch.zeros(n, 1, device="cuda") for n in (500, 7, 480, 300)]  # and 505 rows of padding
+    other_sequences = PromptRows.packed(other, slots[:4], 1792)[2]
+    assert other_sequences.span == 512
+    bounds.copy_(other_sequences.bounds)
+    graph.replay()
+    assert torch.equal(
+        replayed, ops.prompt_attention(queries, keys, values, other_sequences.bounds, 512, scale)
+    )
 
 
 @pytest.mark.parametrize(
