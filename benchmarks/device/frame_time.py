@@ -1,7 +1,8 @@
 """The frame for the code on PYTHONPATH: its graph's replay at 1 and 64 streams, the single-stream RTF
 (with and without the codec), the time to first audio and the bench's 64-stream lockstep (aggregate and
-worst-stream RTF, medians; host-bound on a slow host), exact and fast. Run it for two trees in one call
-to compare them on one machine (`--compare`), as `codec_packet_time.py` does for the codec.
+worst-stream RTF and the prefill's time, medians; host-bound on a slow host), exact and fast. Run it for
+two trees in one call to compare them on one machine (`--compare`), as `codec_packet_time.py` does for the
+codec.
 
 Why: a kernel change inside the frame (a GEMV's loads, say) is one build or the other; its effect on the
 frame is what counts, and device machines differ by more than such a change.
@@ -40,7 +41,7 @@ def measure(args: argparse.Namespace) -> int:
         figures["ttfa_p50_ms"] = measure_ttfa(engine, 20)["p50"]
         run_concurrent(engine, 64, LOCKSTEP_FRAMES, 60)
         levels = [run_concurrent(engine, 64, LOCKSTEP_FRAMES, 60) for _ in range(args.runs)]
-        for key in ("aggregate_rtf", "worst_stream_rtf"):
+        for key in ("aggregate_rtf", "worst_stream_rtf", "prefill_s"):
             figures[f"lockstep_64_{key}"] = statistics.median(level[key] for level in levels)
         result["modes"][mode] = figures
         print(args.tag, mode, json.dumps(figures), flush=True)

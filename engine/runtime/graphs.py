@@ -20,12 +20,11 @@ so inside the graph a kernel's launch overlaps the end of the one before it. Lar
 rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of all the sessions prefilled together are the rows of one pass, one row per token
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of the
-batch's bucket. Prompt passes are graphs too: a pass of at most `PROMPT_BUCKETS[-1]` rows (one session) is
-padded to its bucket and attends through the per-row decode kernel; a larger one (several sessions, or a
-long prompt) is padded to a `PACKED_PROMPT_BUCKETS` entry and attends through torch's varlen flash attention
-over each of its sequences (`PromptSequences`). Modes (runtime/modes.py) differ in the weights: bf16
-(exact) or fp8 (fast), the GEMVs reading those, and fast's products of many rows (prompt passes of several
-sessions) running as fp8 GEMMs (`Weight`).
+batch's bucket. A pass above the largest prompt bucket (several sessions prefilled together, or a long
+prompt) has no graph (eager, it is as fast as replayed: run 94) and attends through torch's varlen flash
+attention over each prompt (`PromptSequences`) instead of the per-row decode kernel. Modes (runtime/modes.py)
+differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and fast's products of many rows
+(prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
@@ -75,27 +74,13 @@ PROMPT_BUCKETS: tuple[int, ...] = tuple(range(32, 257, 32))
 """Row counts a prompt pass is padded to, each with a captured graph: run eagerly, a pass is ~280 kernel
 launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's
 time to first audio. Steps of 32 rows: a padding row costs what a prompt row does (the bench's 152-token
-prompt ran 256 rows with powers of two). These passes attend through the per-row decode kernel."""
-PACKED_PROMPT_BUCKETS: tuple[int, ...] = tuple(range(512, PREFILL_ROWS + 1, 256))
-"""Row counts of the larger passes (several sessions prefilled together, or one long prompt), each with a
-graph per `PACKED_SPANS` entry: eagerly such a pass is ~2,000 host ops (732 allocations, 555 launches, 112
-`torch._scaled_mm` calls in fast mode), 24-47 ms of host for 15.5 ms of GPU at 16 sessions (run 91), so the
-host decided a 64-stream prefill's time. These passes attend through `PromptSequences`."""
-PACKED_SPANS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
-"""Longest-sequence bounds of a packed pass's graphs: the flash kernel's grid has a block per (128 queries of
-the longest sequence, sequence, head), so a graph is captured per bound, not once for the longest possible."""
-PROMPTS_PER_PASS = 64
-"""Prompts in one pass at most: its graph's sequence table has this many entries (and one for padding)."""
+prompt ran 256 rows with powers of two). A pass of more rows runs eagerly, unpadded. The largest bucket
+bounds what the graphs add to the footprint (the attention workspace grows as rows x context)."""
 
 
 def prompt_pass_rows(rows: int) -> int:
     """The rows a prompt pass of `rows` tokens runs: its bucket, or `rows` above the largest."""
-    return next((bucket for bucket in (*PROMPT_BUCKETS, *PACKED_PROMPT_BUCKETS) if bucket >= rows), rows)
-
-
-def packed_span(longest: int) -> int:
-    """The sequence-length bound a packed pass whose longest sequence is `longest` rows runs with."""
-    return next((span for span in PACKED_SPANS if span >= longest), longest)
+    return next((bucket for bucket in PROMPT_BUCKETS if bucket >= rows), rows)
 
 
 @dataclass(frozen=True)
@@ -109,9 +94,9 @@ class PromptRows:
     @classmethod
     def of(cls, prompts: list[Tensor], slots: Tensor, rows: int) -> tuple[PromptRows, Tensor]:
         """(the rows of prompts[i] into cache slot slots[i], padded to `rows`; the row of each prompt's last
-        token [B]), for a pass of at most `PROMPT_BUCKETS[-1]` rows. Rows past the prompts repeat the last
-        prompt's last token: they compute and write exactly what that row does (same slot, position and
-        input), so padding changes no other row's inputs and no cache entry."""
+        token [B]). Rows past the prompts repeat the last prompt's last token: they compute and write exactly
+        what that row does (same slot, position and input), so padding changes no other row's inputs and no
+        cache entry."""
         lengths = [p.shape[0] for p in prompts]
         pad = rows - sum(lengths)
         positions = torch.cat([torch.arange(n) for n in lengths] + [torch.full((pad,), lengths[-1] - 1)])
@@ -121,40 +106,25 @@ class PromptRows:
         positions, counts, ends = upload(torch.cat([positions, counts, ends]), prompts[0].device).split(
             [rows, len(prompts), len(prompts)]
         )
-        padded = cls(
-            _padded_embeds(prompts, pad), positions, slots.repeat_interleave(counts, output_size=rows)
-        )
+        # torch.cat copies: the pass updates its residual stream in place.
+        embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
+        padded = cls(embeds, positions, slots.repeat_interleave(counts, output_size=rows))
         return padded, ends
 
     @classmethod
-    def packed(
-        cls, prompts: list[Tensor], slots: Tensor, rows: int
-    ) -> tuple[PromptRows, Tensor, PromptSequences]:
-        """(the rows of a packed pass of at most `PROMPTS_PER_PASS` prompts, padded to `rows`; the row of each
-        prompt's last token [PROMPTS_PER_PASS] (row 0 past the prompts); its sequences).
-
-        The padding rows are a sequence of their own that continues the last prompt past its end (its slot,
-        positions L.., which the caller keeps inside the cache): they attend only to each other, and the
-        entries they write are ones that session overwrites before it reads them (a decode step writes its
-        position's K/V before it attends)."""
+    def packed(cls, prompts: list[Tensor], slots: Tensor) -> tuple[PromptRows, Tensor, PromptSequences]:
+        """(the rows of prompts[i] into cache slot slots[i], unpadded; the row of each prompt's last token
+        [B]; the prompts as the pass's sequences), for a pass above `PROMPT_BUCKETS`."""
         lengths = [p.shape[0] for p in prompts]
-        total, last = sum(lengths), lengths[-1]
-        pad = rows - total
-        positions = torch.cat([torch.arange(n) for n in lengths] + [torch.arange(last, last + pad)])
-        counts = torch.tensor([*lengths[:-1], last + pad])
-        cumulative = torch.tensor(lengths).cumsum(0)
-        ends = torch.zeros(PROMPTS_PER_PASS, dtype=torch.int64)
-        ends[: len(prompts)] = cumulative - 1
-        bounds = torch.full((PROMPTS_PER_PASS + 2,), rows, dtype=torch.int64)  # empty sequences past the pad
-        bounds[0] = 0
-        bounds[1 : len(prompts) + 1] = cumulative
-        positions, counts, ends, bounds = upload(
-            torch.cat([positions, counts, ends, bounds]), prompts[0].device
-        ).split([rows, len(prompts), PROMPTS_PER_PASS, PROMPTS_PER_PASS + 2])
-        padded = cls(
-            _padded_embeds(prompts, pad), positions, slots.repeat_interleave(counts, output_size=rows)
+        rows = sum(lengths)
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        counts = torch.tensor(lengths)
+        bounds = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        positions, counts, bounds = upload(torch.cat([positions, counts, bounds]), prompts[0].device).split(
+            [rows, len(prompts), len(prompts) + 1]
         )
-        return padded, ends, PromptSequences(bounds.int(), packed_span(max(*lengths, pad)))
+        packed = cls(torch.cat(prompts), positions, slots.repeat_interleave(counts, output_size=rows))
+        return packed, bounds[1:] - 1, PromptSequences(bounds.int(), max(lengths))
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
@@ -172,32 +142,22 @@ class PromptRows:
         self.positions.copy_(rows.positions)
         self.slots.copy_(rows.slots)
 
-    def head(self, rows: int) -> PromptRows:
-        """The first `rows` rows (views)."""
-        return PromptRows(self.embeds[:rows], self.positions[:rows], self.slots[:rows])
-
-
-def _padded_embeds(prompts: list[Tensor], pad: int) -> Tensor:
-    """The prompts' rows and `pad` copies of the last prompt's last row. torch.cat copies: the pass updates
-    its residual stream in place."""
-    return torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
-
 
 @dataclass(frozen=True)
 class PromptSequences:
-    """The sequences of a packed pass, for a causal attention inside each (`attend`): rows bounds[i] ..
-    bounds[i + 1] - 1 are sequence i, all of one slot from its position 0 (the padding sequence excepted,
-    which needs only its own order).
+    """The prompts of a pass above `PROMPT_BUCKETS`, for a causal attention inside each (`attend`): rows
+    bounds[i] .. bounds[i + 1] - 1 are prompt i, of one slot from its position 0.
 
     Why: the decode attention kernel runs a block per (row, KV head, 64-key split) and reads each row's keys
     itself, so a prompt of L tokens reads its keys L times; at 64 prompts of 152 tokens that was 38 ms of a
-    prefill's 88 (run 27). A flash attention reads them once per tile of queries, and over the pass's own
-    keys in its row order it needs no grid of prompts and no gather but the keys', so it has fixed shapes
-    for a graph. Passes within `PROMPT_BUCKETS` keep the decode kernel.
+    prefill's 88 (run 27). A flash attention reads them once per tile of queries; a varlen one over the
+    pass's own rows needs no [prompts, longest] grid and no per-query-head copy of the keys (RUN95).
+    Passes within `PROMPT_BUCKETS` keep the decode kernel,
+    which their graphs replay bit for bit.
     """
 
-    bounds: Tensor  # [sequences + 1] int32, the first row of each sequence and the pass's row count last
-    span: int  # no sequence is longer
+    bounds: Tensor  # [prompts + 1] int32, the first row of each prompt and the pass's row count last
+    span: int  # the longest prompt
 
     def attend(
         self,
@@ -536,58 +496,35 @@ class KernelFrame:
         """One prompt [L, H] into cache slot `slot` [1]: its last token's post-norm hidden [1, H]."""
         return self.prefill_hidden_many([prompt], slot, cache)
 
-    def prefill_hidden_many(
-        self,
-        prompts: list[Tensor],
-        slots: Tensor,
-        cache: KVCache,
-        run_pass: Callable[[list[Tensor], Tensor, KVCache], Tensor] | None = None,
-    ) -> Tensor:
+    def prefill_hidden_many(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
         """B prompts (prompts[i] [L_i, H] into cache slot slots[i], at positions 0..L_i-1) as the rows of
-        as few passes as hold them, one row per token; returns each prompt's last-token post-norm hidden
-        [B, H]. `run_pass` (default: `prompt_pass`) runs one pass; the graph backend replays its graphs.
+        one pass, one row per token; returns each prompt's last-token post-norm hidden [B, H].
 
         Rows of different slots do not interact: each layer writes every row's K/V before its attention
         reads any, and attention reads each row's own slot up to the row's position, so a row sees exactly
-        its own prompt's prefix. A pass holds whole prompts, at most `PROMPTS_PER_PASS` of them and
-        `PREFILL_ROWS` rows in all (a longer prompt runs alone).
+        its own prompt's prefix. Passes hold whole prompts of at most `PREFILL_ROWS` rows in all.
         """
-        run = self.prompt_pass if run_pass is None else run_pass
         hidden = []
         start = 0
         while start < len(prompts):
             stop, rows = start + 1, prompts[start].shape[0]
-            while (
-                stop < len(prompts)
-                and stop - start < PROMPTS_PER_PASS
-                and rows + prompts[stop].shape[0] <= PREFILL_ROWS
-            ):
+            while stop < len(prompts) and rows + prompts[stop].shape[0] <= PREFILL_ROWS:
                 rows += prompts[stop].shape[0]
                 stop += 1
-            hidden.append(run(prompts[start:stop], slots[start:stop], cache))
+            hidden.append(self._prompt_pass(prompts[start:stop], slots[start:stop], cache))
             start = stop
         return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
 
-    def prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        """One eager pass over whole prompts, padded as `pass_rows` says (the rows a graph replay runs, so
-        that this pass and the graph compute the same products): the prompts' last-token hidden [B, H]."""
-        rows = self.pass_rows(prompts, cache)
-        if rows <= PROMPT_BUCKETS[-1]:
-            padded, ends = PromptRows.of(prompts, slots, rows)
-            return self.prompt_hidden(padded, cache).index_select(0, ends)
-        packed, ends, sequences = PromptRows.packed(prompts, slots, rows)
-        return self.prompt_hidden(packed, cache, sequences).index_select(0, ends[: len(prompts)])
-
-    def pass_rows(self, prompts: list[Tensor], cache: KVCache) -> int:
-        """The rows a pass over `prompts` runs: `prompt_pass_rows` of their tokens, unless a packed pass's
-        padding (positions past the last prompt's end) would run past the cache or the RoPE table; then
-        the tokens alone."""
-        total = sum(p.shape[0] for p in prompts)
-        rows = prompt_pass_rows(total)
-        if rows <= PROMPT_BUCKETS[-1]:
-            return rows
-        limit = min(cache.k.shape[3], self.talker.rope_cos.shape[0])
-        return rows if prompts[-1].shape[0] + rows - total <= limit else total
+    def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
+        """One pass over whole prompts, padded to `prompt_pass_rows` (the rows a graph replay would run, so
+        that this eager pass and the graph compute the same products); above the largest bucket, unpadded
+        and attending through `PromptSequences`."""
+        count = prompt_pass_rows(sum(p.shape[0] for p in prompts))
+        if count in PROMPT_BUCKETS:
+            rows, ends = PromptRows.of(prompts, slots, count)
+            return self.prompt_hidden(rows, cache).index_select(0, ends)
+        packed, ends, sequences = PromptRows.packed(prompts, slots)
+        return self.prompt_hidden(packed, cache, sequences).index_select(0, ends)
 
     def prompt_hidden(
         self, rows: PromptRows, cache: KVCache, sequences: PromptSequences | None = None
@@ -911,39 +848,6 @@ class _PromptStatic:
     out: Tensor | None = None
 
 
-@dataclass
-class _PackedStatic:
-    """The inputs every packed-pass graph reads (each views the first rows of `rows`), and one graph and
-    output [PROMPTS_PER_PASS, H] (the rows `ends` picks) per (rows, span)."""
-
-    rows: PromptRows
-    ends: Tensor  # [PROMPTS_PER_PASS] int64
-    bounds: Tensor  # [PROMPTS_PER_PASS + 2] int32
-    graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]]
-
-    @classmethod
-    def allocate(cls, like: Tensor) -> _PackedStatic:
-        rows = PromptRows.zeros(PREFILL_ROWS, like, 0)
-        ends = torch.zeros(PROMPTS_PER_PASS, dtype=torch.int64, device=like.device)
-        bounds = torch.zeros(PROMPTS_PER_PASS + 2, dtype=torch.int32, device=like.device)
-        return cls(rows, ends, bounds, {})
-
-    def load_capture_inputs(self, rows: int, span: int, scratch: int, context: int) -> None:
-        """Inputs to capture a graph of `rows` and `span` on: the scratch slot (capture runs the pass, and
-        the inputs may still hold a live session's rows), positions cycling through the cache, sequences
-        `span` long (a capture's launch shapes depend only on rows and span)."""
-        device = self.ends.device
-        self.rows.slots.fill_(scratch)
-        self.rows.positions.copy_(torch.arange(PREFILL_ROWS, device=device) % context)
-        self.ends.zero_()
-        self.bounds.copy_((torch.arange(PROMPTS_PER_PASS + 2, device=device) * span).clamp(max=rows))
-
-    def load(self, rows: PromptRows, ends: Tensor, sequences: PromptSequences) -> None:
-        self.rows.head(rows.embeds.shape[0]).load(rows)
-        self.ends.copy_(ends)
-        self.bounds.copy_(sequences.bounds)
-
-
 class GraphFrameBackend:
     """Captures and replays whole frames per bucket; see the module docstring."""
 
@@ -960,7 +864,6 @@ class GraphFrameBackend:
         self._decode: dict[int, _DecodeStatic] = {}
         self._complete: dict[int, _CompleteStatic] = {}
         self._prompt: dict[int, _PromptStatic] = {}
-        self._packed: _PackedStatic | None = None
         self._pool = torch.cuda.graph_pool_handle()
         self._cache_ptr: int | None = None
         self._state: SlotState | None = None
@@ -1017,29 +920,18 @@ class GraphFrameBackend:
         return step.recorded_frames(state, rows, sampling, lambda r: self._complete_frames(hidden, r))
 
     def _prefill_hidden(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        """`KernelFrame.prefill_hidden_many`, each pass replayed on its graph (the same padded pass) where
-        its rows have one."""
-        return self.frame.prefill_hidden_many(prompts, slots, cache, self._prompt_pass)
-
-    def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        """`KernelFrame.prompt_pass` on the graph of its rows (and span), or eagerly for a pass of the rows
-        of its tokens alone."""
-        rows = self.frame.pass_rows(prompts, cache)
-        if rows in PROMPT_BUCKETS:
-            padded, ends = PromptRows.of(prompts, slots, rows)
-            static = self._prompt_static(rows, cache, padded.embeds)
-            static.rows.load(padded)
-            assert static.graph is not None and static.out is not None
-            static.graph.replay()
-            return static.out.index_select(0, ends)
-        if rows not in PACKED_PROMPT_BUCKETS:
-            return self.frame.prompt_pass(prompts, slots, cache)
-        packed, ends, sequences = PromptRows.packed(prompts, slots, rows)
-        graph, out = self._packed_graph(rows, sequences.span, cache, packed.embeds)
-        assert self._packed is not None
-        self._packed.load(packed, ends, sequences)
-        graph.replay()
-        return out[: len(prompts)].clone()  # the next pass may replay this graph again
+        """`KernelFrame.prefill_hidden_many` on the prompt graph of the pass's bucket when the prompts fit the
+        largest one (the same padded pass, replayed), else eagerly."""
+        total = sum(p.shape[0] for p in prompts)
+        bucket = prompt_pass_rows(total)
+        if bucket not in PROMPT_BUCKETS:
+            return self.frame.prefill_hidden_many(prompts, slots, cache)
+        rows, ends = PromptRows.of(prompts, slots, bucket)
+        static = self._prompt_static(bucket, cache, rows.embeds)
+        static.rows.load(rows)
+        assert static.graph is not None and static.out is not None
+        static.graph.replay()
+        return static.out.index_select(0, ends)
 
     def _complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """Frame 0 of B prefilled sessions from their hidden [B, H], on the complete-frames graph of the
@@ -1072,7 +964,6 @@ class GraphFrameBackend:
         self._decode.clear()
         self._complete.clear()
         self._prompt.clear()
-        self._packed = None
         torch.cuda.synchronize()
         self._pool = torch.cuda.graph_pool_handle()  # the old pool may still back tensors we handed out
 
@@ -1083,17 +974,12 @@ class GraphFrameBackend:
 
     # Capture ------------------------------------------------------------------------------------------
     def capture_all(self, cache: KVCache, state: SlotState, template: FrameRows, text: Tensor) -> None:
-        """Capture every bucket's frame and complete-frames graphs and every prompt bucket's graph now (server
-        start), not on first use: the packed ones at the smallest span, up to the rows the live slots hold."""
+        """Capture every bucket's frame and complete-frames graphs now (server start), not on first use."""
         for bucket in self.buckets:
             self._decode_static(bucket, cache, state, template.talker_sampling, text[0])
             self._complete_static(bucket, template, text[:1])
         for rows in PROMPT_BUCKETS:
             self._prompt_static(rows, cache, text)
-        live_rows = (cache.k.shape[1] - self.scratch_slots) * cache.k.shape[3]
-        for rows in PACKED_PROMPT_BUCKETS:
-            if rows <= live_rows:
-                self._packed_graph(rows, PACKED_SPANS[0], cache, text)
 
     def _check_cache(self, cache: KVCache) -> None:
         if self._cache_ptr is None:
@@ -1149,31 +1035,6 @@ class GraphFrameBackend:
             static.graph, static.out = self._capture(run)
             self._prompt[bucket] = static
         return static
-
-    def _packed_graph(
-        self, rows: int, span: int, cache: KVCache, like: Tensor
-    ) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """The graph of a packed pass of `rows` rows whose sequences are at most `span` long: the pass over
-        the first `rows` rows of the shared static inputs, its output the `ends` rows."""
-        self._check_cache(cache)
-        if self._packed is None:
-            self._packed = _PackedStatic.allocate(like)
-        static = self._packed
-        captured = static.graphs.get((rows, span))
-        if captured is None:
-            static.load_capture_inputs(rows, span, cache.k.shape[1] - 1, cache.k.shape[3])
-            frame, inputs, sequences = (
-                self.frame,
-                static.rows.head(rows),
-                PromptSequences(static.bounds, span),
-            )
-
-            def run() -> Tensor:
-                return frame.prompt_hidden(inputs, cache, sequences).index_select(0, static.ends)
-
-            captured = self._capture(run)
-            static.graphs[(rows, span)] = captured
-        return captured
 
     def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """Warm up on a side stream (lazy inits, cuBLAS workspaces), then capture into the shared pool."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
 
 import pytest
 import torch
@@ -267,7 +266,7 @@ LONG_TEXT = (
     "the final figures from the last quarter would be known to everyone involved."
 )
 PACKED = [replace(r, text=f"{r.text} {LONG_TEXT}") for r in BATCHED]
-"""The same four with prompts long enough that their pass is a packed one (above `PROMPT_BUCKETS`)."""
+"""The same four with prompts long enough that their pass is above `PROMPT_BUCKETS`."""
 
 
 def run_batched(
@@ -299,22 +298,20 @@ def run_batched(
 def test_batched_prefill_replays_the_eager_kernels(
     engine: VoiceDesignEngine, report_dir: Path, name: str, requests: list[SynthesisRequest]
 ) -> None:
-    """Exact mode: `prefill_many` (all prompts as rows of one kernel pass: a bucketed one, or a packed one
-    attending per sequence; frame 0 on the complete-frames graph of bucket 4) and the steps after it equal
-    the same kernels run eagerly, bit for bit; each prompt's last hidden from the batched pass stays within
-    LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS rounds a product of
-    M = all rows differently from M = one prompt, and flash attention rounds unlike the decode kernel)."""
+    """Exact mode: `prefill_many` (all prompts as rows of one kernel pass: a bucketed one replayed, or one
+    above the buckets, eager and attending per prompt; frame 0 on the complete-frames graph of bucket 4) and
+    the steps after it equal the same kernels run eagerly, bit for bit; each prompt's last hidden from the
+    batched pass stays within LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS
+    rounds a product of M = all rows differently from M = one prompt; flash attention rounds unlike the
+    decode kernel)."""
     eager_engine = fresh_engine(engine)
     eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
     eager = run_batched(eager_engine, requests)
     graphed_engine, undo = with_backend(engine)
     try:
         graphed = run_batched(graphed_engine, requests)
-        backend = cast(graphs.GraphFrameBackend, graphed_engine.frame_backend)
-        packed = backend._packed is not None and bool(backend._packed.graphs)
     finally:
         undo()
-    assert packed == (name == "packed")
     for index, (e, g) in enumerate(zip(eager, graphed, strict=True)):
         assert first_difference(e, g) == e.shape[0] == g.shape[0], f"session {index}"
 
@@ -322,6 +319,7 @@ def test_batched_prefill_replays_the_eager_kernels(
     sessions = [engine.start_session(r) for r in requests]
     try:
         prompts = [s.prompt for s in sessions if s.prompt is not None]
+        assert (sum(p.shape[0] for p in prompts) > graphs.PROMPT_BUCKETS[-1]) == (name == "packed")
         cache = engine.talker.new_cache(len(prompts), engine.max_context)
         slots = torch.arange(len(prompts), device=engine.device)
         together = frame.logits(frame.prefill_hidden_many(prompts, slots, cache))

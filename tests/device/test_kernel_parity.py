@@ -11,7 +11,7 @@ Tolerances, per op:
   per element; fp32 accumulation adds ~1e-6), and no farther from float64 than the reference is.
 - prompt_attention (packed prompt passes; torch's varlen flash attention): like decode_attention, against
   float64, relative L2 <= 1e-2 (it rounds the probabilities to bf16 before P.V) and <= 1.5x the bf16
-  reference's; a graph replay on another sequence table gives that table's eager bits.
+  reference's.
 - linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
   against the fp32 product of the stored codes (reference.linear).
 - rms_norm_linear: the residual sum exact; the product equal to the norm kernel then the GEMV in >= 95% of
@@ -174,50 +174,28 @@ def test_decode_attention_over_a_span_is_bit_identical(ext, max_len: int, longes
 
 
 def test_packed_prompt_attention_on_cuda() -> None:
-    """A packed prompt pass attends through `PromptSequences.attend` (`ops.prompt_attention`: torch's varlen
-    flash attention over each sequence of the pass): judged like decode_attention, against float64
-    attention over the same bf16 inputs, within 1e-2 relative L2 (flash rounds the probabilities to bf16
-    before P.V, as the bf16 reference does) and no farther than 1.5x the bf16 reference's own distance. A
-    CUDA graph captured on one sequence table and replayed on another gives the eager bits of the other."""
+    """A pass of whole prompts above the graph buckets attends through `PromptSequences.attend`
+    (`ops.prompt_attention`: torch's varlen flash attention over each prompt of the pass): judged like
+    decode_attention, against float64 attention over the same bf16 inputs, within 1e-2 relative L2 (flash
+    rounds the probabilities to bf16 before P.V, as the bf16 reference does) and no farther than 1.5x the
+    bf16 reference's own distance."""
     from qwen3_tts_native.engine.runtime.graphs import PromptRows
 
-    heads, kv_heads, dim, cache_len, scale = 16, 8, 128, 640, 128**-0.5
+    heads, kv_heads, dim, cache_len, scale = 16, 8, 128, 320, 128**-0.5
     lengths = [152] * 8 + [37, 151, 1, 300]
     slots = torch.randperm(16, device="cuda")[: len(lengths)]
     k_cache = torch.randn(16, kv_heads, cache_len, dim, device="cuda", dtype=BF16)
     v_cache = torch.randn_like(k_cache)
-    prompts = [torch.zeros(n, 1, device="cuda") for n in lengths]
-    rows, _, sequences = PromptRows.packed(prompts, slots, 1792)
-    assert sequences.span == 512
-    queries = torch.randn(1792, heads, dim, device="cuda", dtype=BF16) * 2
+    rows, _, sequences = PromptRows.packed([torch.zeros(n, 1, device="cuda") for n in lengths], slots)
+    queries = torch.randn(sum(lengths), heads, dim, device="cuda", dtype=BF16) * 2
     got = sequences.attend(queries, k_cache, v_cache, rows.slots, rows.positions, scale)
     exact = reference.decode_attention(
         queries.double(), k_cache.double(), v_cache.double(), rows.slots, rows.positions + 1, scale
     )
     expected = reference.decode_attention(queries, k_cache, v_cache, rows.slots, rows.positions + 1, scale)
-    live = sum(lengths)  # the padding rows attend only to each other
     assert not torch.isnan(got.float()).any()
-    assert rel(got[:live], exact[:live]) <= 1e-2
-    assert rel(got[:live], exact[:live]) <= 1.5 * rel(expected[:live], exact[:live])
-
-    keys, values = torch.randn(2, 1792, kv_heads, dim, device="cuda", dtype=BF16)
-    bounds = sequences.bounds.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        ops.prompt_attention(queries, keys, values, bounds, 512, scale)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = ops.prompt_attention(queries, keys, values, bounds, 512, scale)
-    other = [torch.zeros(n, 1, device="cuda") for n in (500, 7, 480, 300)]  # and 505 rows of padding
-    other_sequences = PromptRows.packed(other, slots[:4], 1792)[2]
-    assert other_sequences.span == 512
-    bounds.copy_(other_sequences.bounds)
-    graph.replay()
-    assert torch.equal(
-        replayed, ops.prompt_attention(queries, keys, values, other_sequences.bounds, 512, scale)
-    )
+    assert rel(got, exact) <= 1e-2
+    assert rel(got, exact) <= 1.5 * rel(expected, exact)
 
 
 @pytest.mark.parametrize(
@@ -382,8 +360,11 @@ def test_rms_norm_linear_is_the_norm_then_the_gemv(  # type: ignore[no-untyped-d
     """The GEMV whose blocks norm their input rows (shapes of the predictor's and the talker's qkv and gate/up
     projections) against the add-RMSNorm kernel followed by the GEMV. The new residual is exactly x + delta
     and x is untouched. The normed input differs from the norm kernel's only where the other fp32 order of
-    the sum of squares flips a bf16 rounding (rarely, by 1 ulp), and the GEMV code is the same, so the
-    products are identical almost everywhere; and within the GEMV's tolerance of the torch reference."""
+    the sum of squares flips a bf16 rounding (by 1 ulp), and the GEMV code is the same: on inputs whose sums
+    of squares are exact in any order the products are the same bits, and on random ones within 2e-3
+    relative L2 (one flipped input of a row moves a few percent of its outputs by an ulp, so a share of
+    identical elements is no gate: run 94 saw 94% at 4 rows); and within the GEMV's tolerance of the torch
+    reference."""
     x = torch.randn(n, k, device="cuda", dtype=BF16) * 2
     delta = torch.randn(n, k, device="cuda", dtype=BF16) if with_delta else None
     w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
@@ -397,8 +378,18 @@ def test_rms_norm_linear_is_the_norm_then_the_gemv(  # type: ignore[no-untyped-d
     assert torch.equal(s, expected_sum)
     expected = ops.linear_swiglu(h, weight) if swiglu else ops.linear(h, weight)
     assert out.shape == expected.shape == (n, m // 2 if swiglu else m)
-    assert float((out == expected).float().mean()) >= 0.95
     assert rel(out, expected) <= 2e-3
+    # Multiples of 1/8 of magnitude <= 4: every square and partial sum is exact in fp32, in any order.
+    grid_x = (torch.randint(-16, 17, (n, k), device="cuda") / 8).to(BF16)
+    grid_delta = (torch.randint(-16, 17, (n, k), device="cuda") / 8).to(BF16) if with_delta else None
+    grid_out, _ = ops.rms_norm_linear(grid_x, norm, 1e-6, weight, delta=grid_delta, swiglu=swiglu)
+    grid_sum = grid_x.clone()
+    grid_h = (
+        ops.rms_norm(grid_x, norm, 1e-6)
+        if grid_delta is None
+        else ops.add_rms_norm_(grid_delta, grid_sum, norm, 1e-6)
+    )
+    assert torch.equal(grid_out, ops.linear_swiglu(grid_h, weight) if swiglu else ops.linear(grid_h, weight))
     reference_out, reference_sum = reference.rms_norm_linear(x, norm, 1e-6, weight, delta, swiglu)
     assert torch.equal(s, reference_sum)
     assert rel(out, reference_out) <= 1e-2

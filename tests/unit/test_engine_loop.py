@@ -201,7 +201,6 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     backend.mode, backend.buckets = EXACT, buckets
     backend.frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
     backend._decode, backend._complete, backend._prompt, backend._cache_ptr = {}, {}, {}, None
-    backend._packed = None
     backend._state = None
 
     def capture(run: Any) -> tuple[Any, Tensor]:
@@ -212,31 +211,19 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     return backend
 
 
-@pytest.mark.parametrize(
-    "buckets,prompt_buckets,packed_buckets",
-    [
-        ((1, 2, 4), graphs.PROMPT_BUCKETS, graphs.PACKED_PROMPT_BUCKETS),
-        ((3,), (16,), ()),
-        ((3,), (16,), (32, 48)),
-    ],
-)
+@pytest.mark.parametrize("buckets,prompt_buckets", [((1, 2, 4), graphs.PROMPT_BUCKETS), ((3,), (16,))])
 def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
     tiny_voice_design_config: VoiceDesignConfig,
     tiny_tensors: dict[str, Tensor],
     monkeypatch: pytest.MonkeyPatch,
     buckets: tuple[int, ...],
     prompt_buckets: tuple[int, ...],
-    packed_buckets: tuple[int, ...],
 ) -> None:
     """The graph backend's bookkeeping around its replays, on CPU: sessions prefilled together and joining
     and leaving a running batch (padded rows, stale padding inputs, buckets of 3 cut into chunks, sampling
-    rows reused or replaced; prompt passes replayed in their bucket, packed passes on the graph of their
-    rows and span, or run eagerly above the largest bucket) give each session exactly its solo codes on the
-    eager kernel frame."""
-    spans = (16, 32)
+    rows reused or replaced; prompt passes replayed in their bucket, or run eagerly above the largest one)
+    give each session exactly its solo codes on the eager kernel frame."""
     monkeypatch.setattr(graphs, "PROMPT_BUCKETS", prompt_buckets)
-    monkeypatch.setattr(graphs, "PACKED_PROMPT_BUCKETS", packed_buckets)
-    monkeypatch.setattr(graphs, "PACKED_SPANS", spans)
     eager = make_engine(tiny_voice_design_config, tiny_tensors)
     eager.frame_backend = graphs.KernelFrameBackend(eager.talker, eager.predictor, EXACT)
     solo = [eager.run_to_end(eager.open_session(r, p)) for r, p in zip(REQUESTS, PLANS, strict=True)]
@@ -264,12 +251,7 @@ def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
     for index, expected in enumerate(solo):
         assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
     assert engine.free_slots == 4 and not active
-    assert backend._prompt and set(backend._prompt) <= set(prompt_buckets)
-    packed = set() if backend._packed is None else set(backend._packed.graphs)
-    assert packed <= {(rows, span) for rows in packed_buckets for span in spans}
-    assert bool(packed) == (
-        packed_buckets == (32, 48)
-    )  # with none (or the real ones), larger passes are eager
+    assert backend._prompt and set(backend._prompt) <= set(prompt_buckets)  # (16,): longer ones run eagerly
 
 
 def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
