@@ -151,9 +151,9 @@ class PromptSequences:
     Why: the decode attention kernel runs a block per (row, KV head, 64-key split) and reads each row's keys
     itself, so a prompt of L tokens reads its keys L times; at 64 prompts of 152 tokens that was 38 ms of a
     prefill's 88 (run 27). A flash attention reads them once per tile of queries; a varlen one over the
-    pass's own rows needs no [prompts, longest] grid and no per-query-head copy of the keys (RUN95).
-    Passes within `PROMPT_BUCKETS` keep the decode kernel,
-    which their graphs replay bit for bit.
+    pass's own rows needs no [prompts, longest] grid and no per-query-head copy of the keys (run 94: a
+    64-stream prefill of 49 ms in fast mode, GPU-bound). Passes within `PROMPT_BUCKETS` keep the decode
+    kernel, which their graphs replay bit for bit.
     """
 
     bounds: Tensor  # [prompts + 1] int32, the first row of each prompt and the pass's row count last
