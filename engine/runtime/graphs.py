@@ -114,17 +114,12 @@ class PromptRows:
     @classmethod
     def packed(cls, prompts: list[Tensor], slots: Tensor) -> tuple[PromptRows, Tensor, PromptSequences]:
         """(the rows of prompts[i] into cache slot slots[i], unpadded; the row of each prompt's last token
-        [B]; the prompts as the pass's sequences), for a pass above `PROMPT_BUCKETS`."""
+        [B]; the prompts as the pass's sequences), for a pass above `PROMPT_BUCKETS`: `of` without padding,
+        each prompt's sequence ending at its last-token row."""
         lengths = [p.shape[0] for p in prompts]
-        rows = sum(lengths)
-        positions = torch.cat([torch.arange(n) for n in lengths])
-        counts = torch.tensor(lengths)
-        bounds = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        positions, counts, bounds = upload(torch.cat([positions, counts, bounds]), prompts[0].device).split(
-            [rows, len(prompts), len(prompts) + 1]
-        )
-        packed = cls(torch.cat(prompts), positions, slots.repeat_interleave(counts, output_size=rows))
-        return packed, bounds[1:] - 1, PromptSequences(bounds.int(), max(lengths))
+        rows, ends = cls.of(prompts, slots, sum(lengths))
+        bounds = torch.cat([ends.new_zeros(1), ends + 1]).int()
+        return rows, ends, PromptSequences(bounds, max(lengths))
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
