@@ -1,8 +1,8 @@
 """Micro-benchmarks of the decode kernels at the model's shapes on the GPU: achieved GB/s of the GEMV
 (bf16 / int8 / fp8 weights) against torch (F.linear and the reference layers.linear) and FP8 W8A8
 torch._scaled_mm, the one-row GEMV inside a CUDA graph (as a frame runs it) with and without programmatic
-dependent launch, the attention kernel against the reference, and the sampler.
-Writes JSON to --out."""
+dependent launch, the tensor-core products of 4 to 128 rows inside a CUDA graph against cuBLAS, the attention
+kernel against the reference, and the sampler. Writes JSON to --out; --tables picks the tables."""
 
 # ruff: noqa: B023  (every closure is timed inside the loop iteration that defines it)
 
@@ -82,6 +82,7 @@ def gemv_table(batches: list[int]) -> list[dict[str, Any]]:
 
 L2_BYTES = 60 * 2**20
 GRAPH_CALLS = 24
+TABLES = ("gemv", "gemv_in_graph", "products_in_graph", "attention", "sampling")
 
 
 def graph_gemv_table() -> list[dict[str, Any]]:
@@ -116,6 +117,59 @@ def graph_gemv_table() -> list[dict[str, Any]]:
             rows.append(entry)
             del ring
     return rows
+
+
+PRODUCT_ROWS = (4, 16, 64, 128)
+
+
+def graph_products_table() -> list[dict[str, Any]]:
+    """n activation rows through `GRAPH_CALLS` back-to-back products captured in one CUDA graph, each on its
+    own copy of the weight from a ring larger than twice L2, as a frame of n streams runs them: the
+    tensor-core kernel (bf16 and fp8 weights; the SwiGLU form for gate/up) against bf16 cuBLAS (and silu_mul
+    for gate/up), microseconds a call, gaps included."""
+    rows = []
+    for name, (k, m) in SHAPES.items():
+        swiglu = name.endswith("gate_up")
+        w = (torch.randn(m, k, device="cuda") / k**0.5).to(BF16)
+        for kind in ("bf16", "fp8"):
+            weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+            data = weight if isinstance(weight, torch.Tensor) else weight.data
+            copies = max(2, -(-2 * L2_BYTES // (data.numel() * data.element_size())))
+            ring = [weight if c == 0 else _copy_weight(weight) for c in range(copies)]
+            dense_ring = [w.clone() for _ in range(copies)] if kind == "bf16" else None
+            for n in PRODUCT_ROWS:
+                x = torch.randn(n, k, device="cuda", dtype=BF16)
+                if not ops.tensor_core_linear_suits(x, weight, swiglu):
+                    continue
+                entry: dict[str, Any] = {"op": name, "weights": kind, "n": n, "k": k, "m": m}
+
+                def ours(c: int) -> torch.Tensor:
+                    if swiglu:
+                        return ops.tensor_core_linear_swiglu(x, ring[c % copies])
+                    return ops.tensor_core_linear(x, ring[c % copies])
+
+                def cublas(c: int) -> torch.Tensor:
+                    assert dense_ring is not None
+                    out = F.linear(x, dense_ring[c % copies])
+                    return ops.silu_mul(out[:, : m // 2], out[:, m // 2 :]) if swiglu else out
+
+                calls = [("tensor_cores", ours)] + ([("cublas", cublas)] if dense_ring is not None else [])
+                for label, call in calls:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for c in range(GRAPH_CALLS):
+                            call(c)
+                    entry[f"{label}_us"] = round(bench_us(graph.replay) / GRAPH_CALLS, 2)
+                rows.append(entry)
+    return rows
+
+
+def _copy_weight(
+    weight: torch.Tensor | reference.QuantizedWeight,
+) -> torch.Tensor | reference.QuantizedWeight:
+    if isinstance(weight, torch.Tensor):
+        return weight.clone()
+    return reference.QuantizedWeight(weight.data.clone(), weight.scale.clone())
 
 
 def attention_table() -> list[dict[str, Any]]:
@@ -185,7 +239,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batches", default="1,2,4,8,64")
+    parser.add_argument(
+        "--tables",
+        default=",".join(TABLES),
+        help=f"comma list of the tables to measure (default: all of {', '.join(TABLES)})",
+    )
     args = parser.parse_args()
+    tables = [name.strip() for name in args.tables.split(",") if name.strip()]
+    unknown = set(tables) - set(TABLES)
+    if unknown:
+        raise SystemExit(f"unknown tables {sorted(unknown)}: choose from {', '.join(TABLES)}")
     if not ops.kernels_available():
         raise SystemExit("the CUDA extension is not available")
     copy_bytes = 2 * 2**30
@@ -195,27 +258,35 @@ def main() -> int:
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),
         "copy_gbps": round(2 * copy_bytes / copy_us / 1e3, 1),
-        "gemv": gemv_table([int(b) for b in args.batches.split(",")]),
-        "gemv_in_graph": graph_gemv_table(),
-        "attention": attention_table(),
-        "sampling": sampling_table(),
     }
+    measures = {
+        "gemv": lambda: gemv_table([int(b) for b in args.batches.split(",")]),
+        "gemv_in_graph": graph_gemv_table,
+        "products_in_graph": graph_products_table,
+        "attention": attention_table,
+        "sampling": sampling_table,
+    }
+    for name in tables:
+        result[name] = measures[name]()
     args.out.write_text(json.dumps(result, indent=2))
     print(f"copy {result['copy_gbps']} GB/s")
-    for row in result["gemv"]:
+    for row in result.get("products_in_graph", []):
+        cells = "  ".join(f"{k}={v}" for k, v in row.items() if k.endswith("_us"))
+        print(f"products {row['op']:>18} {row['weights']} n={row['n']:<3}: {cells}")
+    for row in result.get("gemv", []):
         cells = "  ".join(
             f"{k}={v['weight_gbps']}" for k, v in row.items() if isinstance(v, dict) and "weight_gbps" in v
         )
         print(f"{row['op']:>18} n={row['n']:<3} GB/s: {cells}")
-    for row in result["gemv_in_graph"]:
+    for row in result.get("gemv_in_graph", []):
         cells = "  ".join(f"{k}={v['us']}us" for k, v in row.items() if isinstance(v, dict) and "us" in v)
         print(f"graph {row['op']:>18} {row['weights']}: {cells}")
-    for row in result["attention"]:
+    for row in result.get("attention", []):
         print(
             f"attention b={row['batch']} L={row['length']}: "
             f"kernel {row['kernel']['us']} us, reference {row['reference']['us']} us"
         )
-    for row in result["sampling"]:
+    for row in result.get("sampling", []):
         print(f"sampling b={row['batch']}: kernel {row['kernel_us']} us, reference {row['reference_us']} us")
     return 0
 

@@ -5,7 +5,8 @@
 # PHASES (default: the speed run) picks a subset of: setup build snapshot tests kbench parity bench accept evidence.
 # "accept" runs the foundation parity and HTTP scaling acceptance scripts; "evidence" one B1/B3/B6 evidence bundle
 # of our server beside faster-qwen3-tts. Run those in a second call: one call cannot fit everything in 10 minutes.
-# COMMIT names the bench JSONs (bench-<mode>-<COMMIT>.json) when .git does not travel.
+# COMMIT names the bench JSONs (bench-<mode>-<COMMIT>.json) when .git does not travel. KBENCH_TABLES picks the
+# kernel micro-benchmark's tables (kernel_bench.py --tables; default all).
 # The last lines printed are the summary table (tests, then one row per mode).
 set -uo pipefail
 START=$(date +%s)
@@ -66,7 +67,8 @@ fi
 
 if want kbench; then
   phase "kernel micro-benchmarks" 90
-  timeout "$(cap 90)" python3 benchmarks/device/kernel_bench.py --batches 1,4,64 --out "$RESULTS/kernel-bench.json" 2>&1 | tail -40
+  timeout "$(cap 90)" python3 benchmarks/device/kernel_bench.py --batches 1,4,64 --out "$RESULTS/kernel-bench.json" \
+    ${KBENCH_TABLES:+--tables "$KBENCH_TABLES"} 2>&1 | tail -40
   pack
 fi
 

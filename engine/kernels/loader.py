@@ -25,6 +25,7 @@ SOURCES = (
     "swiglu.cu",
     "quantize.cu",
     "gemv.cu",
+    "tensor_core_linear.cu",
     "sampling.cu",
     "snake.cu",
     "unfold.cu",
@@ -32,7 +33,7 @@ SOURCES = (
     "embedding.cu",
     "row_copy.cu",
 )
-HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "rope.cuh")
+HEADERS = ("common.cuh", "launch.cuh", "launchers.h", "rope.cuh", "weight_load.cuh")
 DISABLE_ENV = "QWEN3_TTS_KERNELS"
 CACHE_ENV = "QWEN3_TTS_KERNEL_CACHE"
 

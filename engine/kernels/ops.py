@@ -41,6 +41,9 @@ __all__ = [
     "set_dependent_launch",
     "silu_mul",
     "snake_beta",
+    "tensor_core_linear",
+    "tensor_core_linear_suits",
+    "tensor_core_linear_swiglu",
     "unfold_columns",
 ]
 
@@ -569,6 +572,51 @@ def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight, l2_keep: int | N
     ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
     ext.gemv_swiglu(out, rows, data, scale, _l2_keep_argument(l2_keep))
+    return out.view(*x.shape[:-1], data.shape[0] // 2)
+
+
+TENSOR_CORE_MAX_ROWS = 128
+"""Activation rows the tensor-core products take at most (tensor_core_linear.cu: 16 mma column tiles)."""
+
+
+def tensor_core_linear_suits(x: Tensor, weight: Tensor | QuantizedWeight, swiglu: bool = False) -> bool:
+    """Whether `tensor_core_linear` (or, with `swiglu`, `tensor_core_linear_swiglu`) runs these operands on
+    the tensor-core kernel rather than its torch reference: a Hopper GPU with the extension, bf16 x of 1 to
+    `TENSOR_CORE_MAX_ROWS` rows, bf16 or fp8 weights whose shapes fill the kernel's tiles."""
+    data = weight if isinstance(weight, Tensor) else weight.data
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] > TENSOR_CORE_MAX_ROWS or data.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        return False
+    operands = _gemv_operands(x, weight, None)
+    if operands is None:
+        return False
+    return bool(operands[0].tensor_core_linear_supported(rows.shape[0], data, swiglu))
+
+
+def tensor_core_linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    """`linear` on tensor cores for decode batches of 4 to 128 rows (`tensor_core_linear_suits`; else the
+    torch reference): a block's 64 weight rows against all the rows, the weights streamed once, k split over
+    a thread block cluster. No L2 ranks: ptxas 13.0 encodes a cache-hinted cp.async with its policy in an odd
+    uniform register in some instantiations, which faults (illegal instruction; run 97). Kernel tolerance vs
+    the reference: `linear`'s (the fp32 sums of the same products in another order; for 8-bit W the products
+    of the stored codes)."""
+    if not tensor_core_linear_suits(x, weight) or (bias is not None and not bias.is_cuda):
+        return reference.linear(x, weight, bias)
+    ext, rows, data, scale = _gemv_operands(x, weight, bias)
+    out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
+    ext.tensor_core_linear(out, rows, data, scale, bias, False)
+    return out.view(*x.shape[:-1], data.shape[0])
+
+
+def tensor_core_linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> Tensor:
+    """`linear_swiglu` on tensor cores (`tensor_core_linear`): the gate and up rows of an output in one
+    block, so only the SwiGLU goes to memory. The same products and roundings as `tensor_core_linear` then
+    `silu_mul`."""
+    if gate_up.shape[0] % 2 or not tensor_core_linear_suits(x, gate_up, swiglu=True):
+        return reference.linear_swiglu(x, gate_up)
+    ext, rows, data, scale = _gemv_operands(x, gate_up, None)
+    out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
+    ext.tensor_core_linear(out, rows, data, scale, None, True)
     return out.view(*x.shape[:-1], data.shape[0] // 2)
 
 

@@ -174,8 +174,10 @@ class Weight:
     """A decode weight in both layouts: `dense` bf16 for cuBLAS, `small` (bf16 or 8-bit) for the GEMV.
 
     Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
-    is then fp8) an fp8 GEMM over `small`; in between, bf16 cuBLAS over `dense`. The GEMV ranks its loads of
-    `small` in the L2 by `l2_keep` (ops.linear; `KernelFrame`'s L2 plan)."""
+    is then fp8) an fp8 GEMM over `small`; in between, the tensor-core kernel over `small` up to
+    `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), else bf16 cuBLAS
+    over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear; `KernelFrame`'s L2
+    plan)."""
 
     dense: Tensor
     small: Tensor | QuantizedWeight
@@ -183,6 +185,7 @@ class Weight:
     norm_in_gemv: bool = True
     fp8_min_rows: int | None = None
     l2_keep: int | None = None
+    tensor_core_max_rows: int = 0
 
     @property
     def small_bytes(self) -> int:
@@ -199,6 +202,8 @@ class Weight:
         SwiGLU (ops.linear_swiglu), on cuBLAS the product then `silu_mul`; the same result either way."""
         if not self._dense_rows(x):
             return ops.linear_swiglu(x, self.small, self.l2_keep)
+        if self._on_tensor_cores(x, swiglu=True):
+            return ops.tensor_core_linear_swiglu(x, self.small)
         gate_up = self._gemm(x)
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
@@ -225,9 +230,14 @@ class Weight:
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
 
+    def _on_tensor_cores(self, x: Tensor, swiglu: bool = False) -> bool:
+        return x.shape[0] <= self.tensor_core_max_rows and ops.tensor_core_linear_suits(x, self.small, swiglu)
+
     def _gemm(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         if self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows:
             return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
+        if self._on_tensor_cores(x):
+            return ops.tensor_core_linear(x, self.small, bias)
         return F.linear(x, self.dense, bias)
 
 
@@ -263,7 +273,14 @@ def _l2_bytes(device: torch.device) -> int:
 def _prepare(weight: Tensor, mode: Mode) -> Weight:
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
-    return Weight(dense, small, mode.gemm_min_rows, mode.norm_in_gemv, mode.fp8_gemm_min_rows)
+    return Weight(
+        dense,
+        small,
+        mode.gemm_min_rows,
+        mode.norm_in_gemv,
+        mode.fp8_gemm_min_rows,
+        tensor_core_max_rows=mode.tensor_core_max_rows,
+    )
 
 
 def _fuse(*params: Tensor) -> Tensor:

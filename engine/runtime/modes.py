@@ -42,6 +42,11 @@ class Mode:
     cuBLAS. Needs fp8 weights. Run 35: from 512 rows, the 64-stream prefill 64-69 -> 61 ms; from 64 rows
     (the 64-stream frames too) the frame replays 5.40 -> 6.74 ms (a quantization kernel per product).
 
+    tensor_core_max_rows: products of `gemm_min_rows` to this many rows (below `fp8_gemm_min_rows`) run on
+    our tensor-core kernel over the GEMV's weights (`ops.tensor_core_linear`: bf16 in exact, fp8 in fast)
+    where the device and shapes allow, instead of bf16 cuBLAS: the frames of 4 to 64 streams and the code
+    predictor's 128-row first step at 64. 0: cuBLAS (A/B runs, benchmarks/device/tensor_core_ab.py).
+
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
     (benchmarks/device/frame_variants.py).
@@ -52,6 +57,7 @@ class Mode:
     codec_dtype: torch.dtype
     gemm_min_rows: int = 4
     fp8_gemm_min_rows: int | None = None
+    tensor_core_max_rows: int = 128
     norm_in_gemv: bool = True
 
     def __post_init__(self) -> None:

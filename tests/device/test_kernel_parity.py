@@ -14,6 +14,10 @@ Tolerances, per op:
   reference's.
 - linear: bf16 weights, relative L2 <= 5e-3 against layers.linear; 8-bit weights, relative L2 <= 5e-3
   against the fp32 product of the stored codes (reference.linear).
+- tensor_core_linear: linear's tolerance (the fp32 sums of the same products in another order; tensor cores
+  round nothing before the fp32 accumulator, e4m3 codes are exact in bf16); the same bits from rows a stride
+  apart as from contiguous ones, and call to call. tensor_core_linear_swiglu: bit-identical to
+  tensor_core_linear then silu_mul (the same tiles, splits and roundings).
 - rms_norm_linear: the residual sum exact; the product equal to the norm kernel then the GEMV in >= 95% of
   elements and within 2e-3 relative L2 of it (only the norm's fp32 sum order differs), 1e-2 of the reference.
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
@@ -329,6 +333,75 @@ def test_fp8_linear(ext, n: int, k: int, m: int) -> None:  # type: ignore[no-unt
     assert out.shape == (n, m) and out.dtype == BF16 and not torch.isnan(out.float()).any()
     assert rel(out, reference.fp8_linear(x, weight)) <= 1e-2
     assert rel(out, x @ w.t()) <= 8e-2
+
+
+TENSOR_CORE_SHAPES = [
+    (1024, 4096),  # the code predictor's qkv: 64 tiles, k split over 4 blocks
+    (2048, 1024),  # its o projection: 16 tiles, clusters of 8
+    (3072, 1024),  # its down projection: slices of 384
+    (1024, 2048),  # a codebook head
+    (2048, 4096),  # the talker's qkv
+    (6144, 2048),  # the talker's down projection: at 64 rows more blocks than one wave (cuBLAS's)
+    (2048, 3072),  # the codec head, with a bias
+]
+
+
+@pytest.mark.parametrize("n", [4, 8, 13, 64, 128])
+@pytest.mark.parametrize("k,m", TENSOR_CORE_SHAPES)
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_tensor_core_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """The tensor-core product of the frame's shapes against the reference, from 4 rows (one column tile,
+    half of it padding) to 128 (the predictor's first step at 64 streams); a product the kernel does not take
+    (its blocks would not fit the device at once) is the reference's."""
+    g = torch.Generator(device="cuda").manual_seed(n * 7 + k + m)
+    x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+    bias = (0.1 * torch.randn(m, generator=g, device="cuda")).to(BF16) if m == 3072 else None
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    out = ops.tensor_core_linear(x, weight, bias)
+    expected = reference.linear(x, weight, bias)
+    if not ops.tensor_core_linear_suits(x, weight):
+        assert torch.equal(out, expected)
+        return
+    assert out.shape == (n, m) and not torch.isnan(out.float()).any()
+    assert rel(out, expected) <= 5e-3
+    assert torch.equal(ops.tensor_core_linear(x, weight, bias), out)
+    strided = torch.zeros(n, 2 * k, device="cuda", dtype=BF16)
+    strided[:, k:] = x  # the rows 2k apart, as the predictor's head reads every second row
+    assert torch.equal(ops.tensor_core_linear(strided[:, k:], weight, bias), out)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_the_code_predictors_products_take_the_tensor_cores(ext, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Every product of the predictor's frame steps at 4 to 64 streams, and those of its 128-row first step at
+    64 streams but the gate/up, runs on the kernel (a shape it stopped taking would fall back unnoticed)."""
+    shapes = {"qkv": (1024, 4096), "o": (2048, 1024), "down": (3072, 1024), "head": (1024, 2048)}
+    for n in (4, 16, 64, 128):
+        for name, (k, m) in shapes.items():
+            w = torch.zeros(m, k, device="cuda", dtype=BF16)
+            weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+            x = torch.zeros(n, k, device="cuda", dtype=BF16)
+            assert ops.tensor_core_linear_suits(x, weight), (name, n)
+        gate_up = torch.zeros(6144, 1024, device="cuda", dtype=BF16)
+        weight = gate_up if kind == "bf16" else reference.quantize_weight(gate_up, kind)
+        x = torch.zeros(n, 1024, device="cuda", dtype=BF16)
+        assert ops.tensor_core_linear_suits(x, weight, swiglu=True) == (n <= 64), n
+
+
+@pytest.mark.parametrize("n", [4, 17, 64])
+@pytest.mark.parametrize("k,intermediate", [(1024, 3072)])
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_tensor_core_swiglu_is_the_product_then_silu_mul(  # type: ignore[no-untyped-def]
+    ext, n: int, k: int, intermediate: int, kind: str
+) -> None:
+    x = torch.randn(n, k, device="cuda", dtype=BF16)
+    w = (torch.randn(2 * intermediate, k, device="cuda") / k**0.5).to(BF16) * 3
+    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
+    out = ops.tensor_core_linear_swiglu(x, weight)
+    gate_up = ops.tensor_core_linear(x, weight)
+    assert out.shape == (n, intermediate)
+    assert torch.equal(out, ops.silu_mul(gate_up[:, :intermediate], gate_up[:, intermediate:]))
+    assert rel(out, reference.linear_swiglu(x, weight)) <= 1e-2
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 17])

@@ -110,6 +110,21 @@ def test_linear_swiglu_falls_back_to_linear_then_swiglu() -> None:
     assert torch.equal(ops.linear_swiglu(x, quantized), layers.swiglu(product[:, :48], product[:, 48:]))
 
 
+def test_tensor_core_linear_falls_back_to_the_reference_products() -> None:
+    """Off CUDA the tensor-core products are not taken (`tensor_core_linear_suits` is False) and both ops are
+    their references: bf16 weights the model's product, fp8 the fp32 product of the stored codes."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 64, generator=g, dtype=torch.bfloat16)
+    w = torch.randn(128, 64, generator=g).to(torch.bfloat16)
+    bias = torch.randn(128, generator=g).to(torch.bfloat16)
+    quantized = reference.quantize_weight(w.float(), "fp8")
+    for weight in (w, quantized):
+        assert not ops.tensor_core_linear_suits(x, weight)
+        assert not ops.tensor_core_linear_suits(x, weight, swiglu=True)
+        assert torch.equal(ops.tensor_core_linear(x, weight, bias), reference.linear(x, weight, bias))
+        assert torch.equal(ops.tensor_core_linear_swiglu(x, weight), reference.linear_swiglu(x, weight))
+
+
 @pytest.mark.parametrize("swiglu", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
 def test_rms_norm_linear_falls_back_to_add_norm_then_linear(swiglu: bool, with_delta: bool) -> None:

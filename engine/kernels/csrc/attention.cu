@@ -83,21 +83,6 @@ struct WarpKeys {
   __align__(16) bf16 v[kWarpKeys][64 * P];
 };
 
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
-#else
-  *static_cast<Bf16x8*>(shared) = *static_cast<const Bf16x8*>(global);
-#endif
-}
-
-__device__ __forceinline__ void wait_async_copies() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // The warp's `keys` (<= 16; none when <= 0) keys and values, copied from the cache rows at kb / vb into the
 // warp's `tile`, except key `fresh` (the new token, when in range), which comes from registers: scores
 // against the G queries q (this lane's slices, already scaled), softmax statistics and P.V.

@@ -270,6 +270,42 @@ void gemv_swiglu(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Ten
   gemv_impl(y, x, w, scale, c10::nullopt, true, l2_keep);
 }
 
+// `gemv_impl`'s product on tensor cores (tensor_core_linear.cu), for 1 to 128 rows of x.
+void tensor_core_linear(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<at::Tensor> scale,
+                        c10::optional<at::Tensor> bias, bool swiglu) {
+  check(x, "x", at::kBFloat16);
+  check_rows(x, "x");
+  const GemvWeight weight = check_gemv_weight(x, w, scale);
+  const int64_t outputs = check_gemv_output(y, x, w, swiglu);
+  const c10::cuda::CUDAGuard guard(x.device());
+  TORCH_CHECK(q3tts::tensor_core_linear_supported(x.size(0), x.size(1), outputs, weight.kind, swiglu),
+              "tensor_core_linear does not take these shapes (see tensor_core_linear_supported)");
+  const void* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(!swiglu, "a SwiGLU product takes no bias");
+    check(*bias, "bias", at::kBFloat16);
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0), "bias must be [out]");
+    b = bias->data_ptr();
+  }
+  ok(q3tts::tensor_core_linear(y.data_ptr(), x.data_ptr(), w.data_ptr(), weight.scale, b, x.size(0), x.size(1),
+                               outputs, x.stride(0), y.stride(0), weight.kind, swiglu, stream()),
+     "tensor_core_linear");
+}
+
+// Whether `tensor_core_linear` takes `rows` activation rows with the weight w ([out, in]; [2 * outputs, in] with
+// `swiglu`) on this device.
+bool tensor_core_linear_supported(int64_t rows, at::Tensor w, bool swiglu) {
+  q3tts::WeightKind kind;
+  switch (w.scalar_type()) {
+    case at::kBFloat16: kind = q3tts::WeightKind::kBf16; break;
+    case at::kFloat8_e4m3fn: kind = q3tts::WeightKind::kFp8E4M3; break;
+    default: return false;
+  }
+  if (!w.is_cuda() || w.dim() != 2 || (swiglu && w.size(0) % 2 != 0)) return false;
+  const c10::cuda::CUDAGuard guard(w.device());
+  return q3tts::tensor_core_linear_supported(rows, w.size(1), swiglu ? w.size(0) / 2 : w.size(0), kind, swiglu);
+}
+
 void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_beta, c10::optional<at::Tensor> bias) {
   const at::ScalarType dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "x must be float32 or bfloat16");
@@ -561,6 +597,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv);
   m.def("gemv_swiglu", &gemv_swiglu);
   m.def("gemv_rms_norm", &gemv_rms_norm);
+  m.def("tensor_core_linear", &tensor_core_linear);
+  m.def("tensor_core_linear_supported", &tensor_core_linear_supported);
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("unfold_columns", &unfold_columns);

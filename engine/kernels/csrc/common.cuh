@@ -49,6 +49,23 @@ __device__ __forceinline__ void begin_dependent_kernel() {
   allow_next_kernel();
 }
 
+// A 16-byte copy from global to shared memory that does not wait for its data (cp.async, sm_80+), and the
+// wait for all of this thread's copies.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+#else
+  *static_cast<Bf16x8*>(shared) = *static_cast<const Bf16x8*>(global);
+#endif
+}
+
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll

@@ -13,6 +13,7 @@
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
+#include "weight_load.cuh"
 
 namespace q3tts {
 namespace {
@@ -23,39 +24,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kUnroll = 4;
 constexpr int kMaxNormRows = 4;  // activation rows a normed GEMV takes (one tile, normed by every block)
-
-// How a GEMV's weight loads rank in the L2 (`gemv`'s l2_keep, launchers.h): the weight's first keep_bytes
-// evict_last, the rest evict_first; total_bytes 0 leaves the loads unhinted (evict_normal).
-struct L2Priority {
-  uint32_t keep_bytes;
-  uint32_t total_bytes;
-};
-
-__device__ __forceinline__ uint64_t weight_policy(const void* w, L2Priority l2) {
-  uint64_t policy;
-  if (l2.total_bytes == 0) {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  } else if (l2.keep_bytes == 0) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  } else if (l2.keep_bytes >= l2.total_bytes) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.range.global.L2::evict_last.L2::evict_first.b64 %0, [%1], %2, %3;"
-                 : "=l"(policy)
-                 : "l"(w), "r"(l2.keep_bytes), "r"(l2.total_bytes));
-  }
-  return policy;
-}
-
-// A 16-byte weight chunk through the read-only path, not allocated in L1 (a kernel reads each chunk once;
-// run 79: fast frame loop RTF 0.0298 -> 0.0295), ranked in the L2 by `policy`.
-__device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
 
 template <WeightKind K>
 struct Chunk;
@@ -257,13 +225,6 @@ __device__ __forceinline__ const uint4* weight_row(const uint8_t* w, int row, in
   return reinterpret_cast<const uint4*>(w + row * row_bytes);
 }
 
-// The product as the GEMV rounds it: bf16(sum * scale + bias), sum the row's full dot product.
-__device__ __forceinline__ bf16 scaled(float sum, const float* scale, const bf16* bias, int row) {
-  const float s = scale != nullptr ? scale[row] : 1.0f;
-  const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
-  return to_bf(fmaf(sum, s, b));
-}
-
 __device__ __forceinline__ bf16 product(float lane_sum, const float* scale, const bf16* bias, int row) {
   return scaled(warp_sum(lane_sum), scale, bias, row);
 }
@@ -332,10 +293,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && K == WeightKind::kBf16
   if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const float gate = to_f(product(acc[0][t], scale, nullptr, row));
-    const float up = to_f(product(acc[1][t], scale, nullptr, m + row));
-    const float silu = round_bf(gate / (1.0f + expf(-gate)));
-    if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = to_bf(silu * up);
+    const bf16 v = swiglu_of(product(acc[0][t], scale, nullptr, row), product(acc[1][t], scale, nullptr, m + row));
+    if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
   }
 }
 
@@ -399,11 +358,7 @@ cudaError_t launch_any(void* y, const void* x, const void* w, const float* scale
   const int elems = kind == WeightKind::kBf16 ? 8 : 16;
   if (k % elems != 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   const int64_t bytes = static_cast<int64_t>(swiglu ? 2 * m : m) * k * (kind == WeightKind::kBf16 ? 2 : 1);
-  // createpolicy takes 32-bit sizes, so a weight over 4 GB loads unhinted (a hint never changes the product).
-  const bool hinted = l2_keep >= 0 && bytes <= UINT32_MAX;
-  const L2Priority l2 = hinted ? L2Priority{static_cast<uint32_t>(l2_keep < bytes ? l2_keep : bytes),
-                                            static_cast<uint32_t>(bytes)}
-                               : L2Priority{0, 0};
+  const L2Priority l2 = l2_priority(l2_keep, bytes);
   switch (kind) {
     case WeightKind::kBf16:
       return launch<WeightKind::kBf16>(y, x, w, scale, bias, n, k, m, x_stride, y_stride, swiglu, norm, l2, stream);

@@ -38,21 +38,36 @@ inline bool device_supports_dependent_launch() {
   return major >= 9;
 }
 
+// A launch with `shared_bytes` of dynamic shared memory, its blocks grouped in thread block clusters of
+// `cluster_y` blocks along y when cluster_y > 1 (Hopper and later; the grid's y must be a multiple of it).
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch_kernel_shared(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
-                                 cudaStream_t stream, Args&&... args) {
+cudaError_t launch_kernel_clustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                                    unsigned cluster_y, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
+  cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed =
       dependent_launch_enabled() && device_supports_dependent_launch() ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 1;
+  if (cluster_y > 1) {
+    attribute[1].id = cudaLaunchAttributeClusterDimension;
+    attribute[1].val.clusterDim.x = 1;
+    attribute[1].val.clusterDim.y = cluster_y;
+    attribute[1].val.clusterDim.z = 1;
+    config.numAttrs = 2;
+  }
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_kernel_shared(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                                 cudaStream_t stream, Args&&... args) {
+  return launch_kernel_clustered(kernel, grid, block, shared_bytes, 1, stream, std::forward<Args>(args)...);
 }
 
 template <typename... KernelArgs, typename... Args>

@@ -1,0 +1,380 @@
+// Tensor-core products for decode batches of 4 to 128 rows: y[n, m] = x[n, k] @ W[m, k]^T (* per-row scale)
+// (+ bias), or SiLU(x @ gate^T) * (x @ up^T) of a fused [gate; up] weight, with bf16 or fp8 (e4m3) weights.
+//
+// Why: from 4 rows on, the frame's products left the GEMV (CUDA cores) for cuBLAS, whose kernels take 5-6 us at
+// 64 rows for 2-12 MB of weights (run 95's 64-stream profile: with their split-K reductions and the SwiGLU
+// kernels, over half of the frame), start only once the kernel before them has ended (no programmatic
+// dependent launch), and read bf16 weights in fast mode too. Here:
+// - a block owns 64 output rows (4 warps of 16: one mma.m16n8k16 row tile each; for SwiGLU 32 gate rows and
+//   their 32 up rows) and a slice of k. The `splits` blocks that share a tile form a thread block cluster and add
+//   their partial sums through distributed shared memory, in rank order: no workspace, no second kernel;
+// - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
+//   (weights are never written), then its activation slice, so both stream in at once with nothing held in
+//   registers; the four warps then read their fragments from shared memory;
+// - the mma's k index is permuted so that a lane's 16-byte chunk of a weight row holds exactly the k values of
+//   its A fragments, and the activations are read with the same permutation (a dot product does not depend on
+//   the order of its terms): one 16-byte shared load per row and k-chunk, no ldmatrix, no swizzle;
+// - fp8 codes become bf16 exactly in registers (every e4m3 value is a bf16), and the channel scale multiplies
+//   the fp32 sum, so the product is the GEMV's: the fp32 sum of code x activation, scaled, rounded once.
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+#include "common.cuh"
+#include "launch.cuh"
+#include "launchers.h"
+#include "weight_load.cuh"
+
+namespace q3tts {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 4;
+constexpr int kWarpRows = 16;                  // output rows of a warp: the mma's M
+constexpr int kTileRows = kWarps * kWarpRows;  // output rows of a block
+constexpr int kMaxRows = 128;                  // activation rows (8 per mma N tile, up to 16 tiles)
+constexpr int kSliceAlign = 64;                // a block's k slice is a multiple of this (128 bytes of activations)
+constexpr int kMaxSplits = 8;                  // blocks of a cluster (the portable maximum)
+
+// What one 16-byte weight chunk of a lane covers: kChunk consecutive k values, kSteps mma k-steps of 4 each.
+template <WeightKind K>
+struct ChunkShape {
+  static constexpr int kChunk = K == WeightKind::kBf16 ? 8 : 16;
+  static constexpr int kSteps = kChunk / 4;
+  static constexpr int kBytes = K == WeightKind::kBf16 ? 2 : 1;  // a weight element
+};
+
+// Row pitches in shared memory, in bytes: the 8 lanes of a 16-byte shared-load phase read rows g and g + 1 at
+// lane columns t = 0..3, `column` bytes apart, so the rows sit 64 bytes apart mod 128 for 16-byte columns and 16
+// bytes apart for 32-byte ones: distinct banks.
+__host__ __device__ constexpr int pitch(int row_bytes, int column) {
+  const int target = column == 16 ? 64 : 16;
+  return row_bytes + ((target - row_bytes % 128) + 128) % 128;
+}
+
+// The layout of a block's shared memory: its weight slice [kTileRows, k_slice] (weight elements), then its
+// activation slice [row_tiles * 8, k_slice] bf16; after the products the block's partial sums
+// [kTileRows, row_tiles * 8 + 4] fp32 take the place of both.
+struct SharedLayout {
+  int weight_pitch, slice_pitch, slice_offset, bytes;
+  __host__ __device__ SharedLayout(int row_tiles, int k_slice, int weight_bytes) {
+    const int column = weight_bytes == 2 ? 16 : 32;  // bytes of activations a lane reads per chunk
+    weight_pitch = pitch(k_slice * weight_bytes, 16);
+    slice_pitch = pitch(k_slice * 2, column);
+    slice_offset = kTileRows * weight_pitch;
+    const int operands = slice_offset + row_tiles * 8 * slice_pitch;
+    const int sums = kTileRows * (row_tiles * 8 + 4) * 4;
+    bytes = operands > sums ? operands : sums;
+  }
+};
+
+__device__ __forceinline__ void load_words(uint32_t (&out)[4], const unsigned char* p) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+}
+
+// Two e4m3 codes (the low byte first) as a bf16x2 word: exact, every e4m3 value is a bf16.
+__device__ __forceinline__ uint32_t fp8x2_as_bf16x2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// The A fragment of k-step s from the lane's chunks of rows g and g + 8 (m16n8k16 .row: a0 = row g, logical k
+// 2t, 2t+1; a1 = row g+8, same k; a2 = row g, k 2t+8, 2t+9; a3 = row g+8, same k). Logical k (2t, 2t+1) is the
+// chunk's elements 4s, 4s+1 and (2t+8, 2t+9) its elements 4s+2, 4s+3.
+template <WeightKind K>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const uint32_t (&row_g)[4], const uint32_t (&row_g8)[4],
+                                           int s) {
+  if constexpr (K == WeightKind::kBf16) {
+    a[0] = row_g[2 * s];
+    a[1] = row_g8[2 * s];
+    a[2] = row_g[2 * s + 1];
+    a[3] = row_g8[2 * s + 1];
+  } else {
+    a[0] = fp8x2_as_bf16x2(row_g[s]);
+    a[1] = fp8x2_as_bf16x2(row_g8[s]);
+    a[2] = fp8x2_as_bf16x2(row_g[s] >> 16);
+    a[3] = fp8x2_as_bf16x2(row_g8[s] >> 16);
+  }
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+template <WeightKind K, int NT, bool kSwiglu>
+__global__ void __launch_bounds__(kWarps * 32)
+    tensor_core_linear_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
+                              const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
+                              int x_stride, int y_stride, int k_slice) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Shape = ChunkShape<K>;
+  constexpr int kRoundK = 4 * Shape::kChunk;  // k values a round of the warp's 4 lane columns covers
+  constexpr int kSumStride = NT * 8 + 4;
+  extern __shared__ __align__(16) unsigned char shared[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const SharedLayout layout(NT, k_slice, Shape::kBytes);
+  const int k0 = rank * k_slice;
+  const int64_t row_bytes = static_cast<int64_t>(k) * Shape::kBytes;
+  const int slice_bytes = k_slice * Shape::kBytes;
+
+  // The block's weight rows (64 consecutive, or for SwiGLU 32 gate rows then their up rows, m rows further),
+  // k0 .. k0 + k_slice of each, to shared memory, before the wait: weights are never written.
+  allow_next_kernel();
+  const int weight_vecs = slice_bytes / 16;
+  for (int i = threadIdx.x; i < kTileRows * weight_vecs; i += kWarps * 32) {
+    const int r = i / weight_vecs, c = i - r * weight_vecs;
+    const int row = kSwiglu ? (r < 32 ? blockIdx.x * 32 + r : m + blockIdx.x * 32 + r - 32) : blockIdx.x * kTileRows + r;
+    copy_async_16(shared + r * layout.weight_pitch + c * 16,
+                  w + row * row_bytes + static_cast<int64_t>(k0) * Shape::kBytes + c * 16);
+  }
+  wait_for_previous_kernel();
+
+  // The activation slice x[:, k0 : k0 + k_slice], zeros past row n.
+  unsigned char* slice = shared + layout.slice_offset;
+  const int x_vecs = k_slice / 8;
+  for (int i = threadIdx.x; i < NT * 8 * x_vecs; i += kWarps * 32) {
+    const int r = i / x_vecs, c = i - r * x_vecs;
+    unsigned char* dst = slice + r * layout.slice_pitch + c * 16;
+    if (r < n) {
+      copy_async_16(dst, x + static_cast<int64_t>(r) * x_stride + k0 + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  wait_async_copies();
+  __syncthreads();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  // Lane (g, t) reads the chunk at k = round * kRoundK + t * kChunk of its weight rows g and g + 8 and of
+  // activation rows 8j + g: the B fragment (m16n8k16 .col: b0 = logical k 2t, 2t+1 of column g; b1 = k 2t+8, 2t+9)
+  // of k-step s is that chunk's elements 4s..4s+3, as the A fragment's are.
+  const unsigned char* weight_g = shared + (warp * kWarpRows + g) * layout.weight_pitch + t * 16;
+  const unsigned char* weight_g8 = weight_g + 8 * layout.weight_pitch;
+  const unsigned char* slice_lane = slice + g * layout.slice_pitch + t * Shape::kChunk * 2;
+  const int rounds = k_slice / kRoundK;
+#pragma unroll 2
+  for (int round = 0; round < rounds; ++round) {
+    uint32_t row_g[4], row_g8[4];
+    load_words(row_g, weight_g + round * 64);
+    load_words(row_g8, weight_g8 + round * 64);
+    uint32_t a[Shape::kSteps][4];
+#pragma unroll
+    for (int s = 0; s < Shape::kSteps; ++s) a_fragment<K>(a[s], row_g, row_g8, s);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const unsigned char* xv = slice_lane + j * 8 * layout.slice_pitch + round * kRoundK * 2;
+      uint32_t b[2 * Shape::kSteps];
+#pragma unroll
+      for (int h = 0; h < Shape::kSteps / 2; ++h) {
+        const uint4 v = reinterpret_cast<const uint4*>(xv)[h];
+        b[4 * h] = v.x;
+        b[4 * h + 1] = v.y;
+        b[4 * h + 2] = v.z;
+        b[4 * h + 3] = v.w;
+      }
+#pragma unroll
+      for (int s = 0; s < Shape::kSteps; ++s) mma_bf16(acc[j], a[s], b[2 * s], b[2 * s + 1]);
+    }
+  }
+
+  // The warps' partial sums (c0, c1: row g, columns 2t, 2t+1; c2, c3: row g + 8) where the operands were.
+  __syncthreads();
+  float* sums = reinterpret_cast<float*>(shared);
+  const int local = warp * kWarpRows + g;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    *reinterpret_cast<float2*>(sums + local * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(sums + (local + 8) * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
+  }
+  if (splits > 1) {
+    cluster.sync();
+  } else {
+    __syncthreads();
+  }
+  // Block `rank` finishes its share of the tile's outputs, 4 activation rows at a time (one 16-byte load of each
+  // rank's sums, all the ranks' loads issued before the first add), adding the partial sums in rank order.
+  const float4* parts[kMaxSplits];
+#pragma unroll
+  for (int q = 0; q < kMaxSplits; ++q) {
+    const float* part = q < splits && splits > 1 ? cluster.map_shared_rank(sums, q) : sums;
+    parts[q] = reinterpret_cast<const float4*>(part);
+  }
+  constexpr int kOutputs = kSwiglu ? kTileRows / 2 : kTileRows;
+  const int share = kOutputs / splits;
+  const int quads = (n + 3) / 4;
+  for (int i = threadIdx.x; i < share * quads; i += kWarps * 32) {
+    const int quad = i / share;
+    const int out = rank * share + (i - quad * share);  // the output within the tile
+    float4 firsts[kMaxSplits], seconds[kMaxSplits];
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q) {
+      if (q < splits) {
+        firsts[q] = parts[q][(out * kSumStride) / 4 + quad];
+        if constexpr (kSwiglu) seconds[q] = parts[q][((out + kOutputs) * kSumStride) / 4 + quad];
+      }
+    }
+    float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q) {
+      if (q < splits) {
+        first[0] += firsts[q].x;
+        first[1] += firsts[q].y;
+        first[2] += firsts[q].z;
+        first[3] += firsts[q].w;
+        if constexpr (kSwiglu) {
+          second[0] += seconds[q].x;
+          second[1] += seconds[q].y;
+          second[2] += seconds[q].z;
+          second[3] += seconds[q].w;
+        }
+      }
+    }
+    const int column = blockIdx.x * kOutputs + out;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 4 * quad + e;
+      if (r >= n) break;
+      y[static_cast<int64_t>(r) * y_stride + column] =
+          kSwiglu ? swiglu_of(scaled(first[e], scale, nullptr, column), scaled(second[e], scale, nullptr, m + column))
+                  : scaled(first[e], scale, bias, column);
+    }
+  }
+  if (splits > 1) cluster.sync();  // no block leaves while another reads its sums
+#endif
+}
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+    return 0;
+  }
+  return value;
+}
+
+// Activation rows in mma column tiles of 8, as the kernel is instantiated: 1, 2, 4, 8 or 16 tiles.
+int row_tiles(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : n <= 64 ? 8 : 16; }
+
+// How a product is launched: its tiles' k split over `splits` blocks (0: the kernel does not take it), each
+// with `bytes` of shared memory.
+struct Plan {
+  int tiles = 0, splits = 0, bytes = 0;
+};
+
+// The fewest splits (a power of two up to kMaxSplits, slices a multiple of kSliceAlign) that give the launch a
+// block per SM, among those whose blocks all fit on the device at once: a block streams its whole slice in one
+// go, so a second wave of blocks would wait for the first one's latency. Without such a split for a block per
+// SM, the largest that fits in one wave; none at all: the kernel does not take the product (cuBLAS does). A
+// function of the shapes and the device.
+template <WeightKind K, int NT, bool kSwiglu>
+Plan plan(int k, int m) {
+  Plan chosen;
+  chosen.tiles = kSwiglu ? m / (kTileRows / 2) : m / kTileRows;
+  const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
+  const int max_shared = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  auto kernel = tensor_core_linear_kernel<K, NT, kSwiglu>;
+  // Every launch may take up to the device's limit (graphs captured earlier keep launches of any size valid).
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared) != cudaSuccess) {
+    return chosen;
+  }
+  for (int splits = 1; splits <= kMaxSplits; splits *= 2) {
+    if (k % (splits * kSliceAlign) != 0) break;
+    const int bytes = SharedLayout(NT, k / splits, ChunkShape<K>::kBytes).bytes;
+    int per_sm = 0;
+    if (bytes > max_shared ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, bytes) != cudaSuccess) {
+      continue;
+    }
+    const int blocks = chosen.tiles * splits;
+    if (blocks > per_sm * sm_count) continue;
+    chosen.splits = splits;
+    chosen.bytes = bytes;
+    if (blocks >= sm_count) break;
+  }
+  return chosen;
+}
+
+// Calls visit(K, NT, swiglu) as compile-time constants for the instantiated kernels.
+template <typename Visit>
+auto dispatch(WeightKind kind, int n, bool swiglu, Visit&& visit) {
+  auto rows = [&](auto k_kind, auto glu) {
+    switch (row_tiles(n)) {
+      case 1: return visit(k_kind, std::integral_constant<int, 1>{}, glu);
+      case 2: return visit(k_kind, std::integral_constant<int, 2>{}, glu);
+      case 4: return visit(k_kind, std::integral_constant<int, 4>{}, glu);
+      case 8: return visit(k_kind, std::integral_constant<int, 8>{}, glu);
+      default: return visit(k_kind, std::integral_constant<int, 16>{}, glu);
+    }
+  };
+  auto kinds = [&](auto glu) {
+    return kind == WeightKind::kBf16
+               ? rows(std::integral_constant<WeightKind, WeightKind::kBf16>{}, glu)
+               : rows(std::integral_constant<WeightKind, WeightKind::kFp8E4M3>{}, glu);
+  };
+  return swiglu ? kinds(std::true_type{}) : kinds(std::false_type{});
+}
+
+// `plan` of the instantiation that takes these operands, worked out once per device and shapes (it asks the
+// driver about occupancy, too slow for every eager launch).
+Plan plan_of(int n, int k, int m, WeightKind kind, bool swiglu) {
+  static std::mutex lock;
+  static std::map<std::tuple<int, int, int, int, int, bool>, Plan> plans;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Plan{};
+  const auto key = std::make_tuple(device, row_tiles(n), k, m, static_cast<int>(kind), swiglu);
+  const std::lock_guard<std::mutex> guard(lock);
+  const auto found = plans.find(key);
+  if (found != plans.end()) return found->second;
+  const Plan made =
+      dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) { return plan<k_kind, nt, glu>(k, m); });
+  plans.emplace(key, made);
+  return made;
+}
+
+}  // namespace
+
+bool tensor_core_linear_supported(int n, int k, int m, WeightKind kind, bool swiglu) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return false;
+  if (n < 1 || n > kMaxRows || kind == WeightKind::kInt8 || k % kSliceAlign != 0) return false;
+  if (m % (swiglu ? kTileRows / 2 : kTileRows) != 0) return false;
+  return plan_of(n, k, m, kind, swiglu).splits != 0;
+}
+
+cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
+                               int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu,
+                               cudaStream_t stream) {
+  if (!tensor_core_linear_supported(n, k, m, kind, swiglu) || x_stride % 8 != 0 || (swiglu && bias != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const Plan p = plan_of(n, k, m, kind, swiglu);
+  return dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) {
+    return launch_kernel_clustered(tensor_core_linear_kernel<k_kind, nt, glu>, dim3(p.tiles, p.splits), dim3(kWarps * 32), p.bytes, p.splits, stream,
+                                   static_cast<bf16*>(y), static_cast<const bf16*>(x), static_cast<const uint8_t*>(w),
+                                   scale, static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, k / p.splits);
+  });
+}
+
+}  // namespace q3tts
