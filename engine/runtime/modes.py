@@ -44,8 +44,11 @@ class Mode:
 
     tensor_core_max_rows: products of `gemm_min_rows` to this many rows (below `fp8_gemm_min_rows`) run on
     our tensor-core kernel over the GEMV's weights (`ops.tensor_core_linear`: bf16 in exact, fp8 in fast)
-    where the device and shapes allow, instead of bf16 cuBLAS: the frames of 4 to 64 streams and the code
-    predictor's 128-row first step at 64. 0: cuBLAS (A/B runs, benchmarks/device/tensor_core_ab.py).
+    where the device and shapes allow, instead of bf16 cuBLAS. Run 98 (benchmarks/device/tensor_core_ab.py,
+    one process): frame replay at 4 streams 4.78 -> 3.94 ms (exact), 4.79 -> 3.78 ms (fast); at 16 streams
+    4.84 -> 4.39, 4.91 -> 4.28 ms; at 64 streams (every product on the kernel) 5.30 -> 6.71, 5.34 -> 6.62
+    ms, slower. So the frames of up to 16 streams (their predictor's first step has 32 rows) take it, and
+    larger products stay on cuBLAS. 0: cuBLAS everywhere (the A/B's base).
 
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
@@ -57,7 +60,7 @@ class Mode:
     codec_dtype: torch.dtype
     gemm_min_rows: int = 4
     fp8_gemm_min_rows: int | None = None
-    tensor_core_max_rows: int = 128
+    tensor_core_max_rows: int = 32
     norm_in_gemv: bool = True
 
     def __post_init__(self) -> None:
