@@ -6,9 +6,9 @@ Why: at 64 streams the frame's products are cuBLAS kernels of 5-6 us each (no de
 in fast mode too) plus split-K reductions and SwiGLU kernels: most of run 95's 5.3 ms 64-stream frame.
 
 For each mode both engines are loaded side by side (the same snapshot; the variant's Mode differs only in
-`tensor_core_max_rows`) and measured in alternating rounds: the frame graph's replay at 4, 16, 32 and 64 streams
-and the bench's 64-stream lockstep (aggregate and worst-stream RTF, prefill). A torch-profiler table of one
-64-stream frame of each variant goes to --out beside the JSON.
+`tensor_core_max_rows`) and measured in alternating rounds: the frame graph's replay at 4, 16, 32 and 64
+streams and the bench's 64-stream lockstep (aggregate and worst-stream RTF, prefill). A torch-profiler
+table of one 64-stream frame of each variant goes to --out beside the JSON.
 
 Usage: python benchmarks/device/tensor_core_ab.py --model SNAPSHOT --out DIR [--rounds 3] [--max-rows N]
 """
