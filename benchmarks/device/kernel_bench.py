@@ -155,6 +155,8 @@ def graph_products_table() -> list[dict[str, Any]]:
 
                 calls = [("tensor_cores", ours)] + ([("cublas", cublas)] if dense_ring is not None else [])
                 for label, call in calls:
+                    call(0)  # outside the capture: cuBLAS makes its handle, the kernel its launch plan
+                    torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
                         for c in range(GRAPH_CALLS):
