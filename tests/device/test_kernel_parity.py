@@ -394,14 +394,25 @@ def test_the_code_predictors_products_take_the_tensor_cores(ext, kind: str) -> N
 def test_tensor_core_swiglu_is_the_product_then_silu_mul(  # type: ignore[no-untyped-def]
     ext, n: int, k: int, intermediate: int, kind: str
 ) -> None:
+    check_swiglu_is_the_product_then_silu_mul(
+        ops.tensor_core_linear_swiglu, ops.tensor_core_linear, n, k, intermediate, kind
+    )
+
+
+def check_swiglu_is_the_product_then_silu_mul(  # type: ignore[no-untyped-def]
+    swiglu, product, n: int, k: int, intermediate: int, kind: str
+) -> tuple[torch.Tensor, torch.Tensor, object]:
+    """Checks that `swiglu` (x, fused gate/up weight) equals `product` then silu_mul bit for bit and is within
+    1e-2 of the reference; returns (x, the SwiGLU, the weight)."""
     x = torch.randn(n, k, device="cuda", dtype=BF16)
     w = (torch.randn(2 * intermediate, k, device="cuda") / k**0.5).to(BF16) * 3
     weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
-    out = ops.tensor_core_linear_swiglu(x, weight)
-    gate_up = ops.tensor_core_linear(x, weight)
+    out = swiglu(x, weight)
+    gate_up = product(x, weight)
     assert out.shape == (n, intermediate)
     assert torch.equal(out, ops.silu_mul(gate_up[:, :intermediate], gate_up[:, intermediate:]))
     assert rel(out, reference.linear_swiglu(x, weight)) <= 1e-2
+    return x, out, weight
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 17])
@@ -410,14 +421,9 @@ def test_tensor_core_swiglu_is_the_product_then_silu_mul(  # type: ignore[no-unt
 def test_linear_swiglu_is_linear_then_silu_mul(ext, n: int, k: int, intermediate: int, kind: str) -> None:  # type: ignore[no-untyped-def]
     """The gate/up GEMV that writes the SwiGLU equals the plain GEMV followed by silu_mul, bit for bit (the
     same products and roundings), and is within the GEMV's tolerance of the torch reference."""
-    x = torch.randn(n, k, device="cuda", dtype=BF16)
-    w = (torch.randn(2 * intermediate, k, device="cuda") / k**0.5).to(BF16) * 3
-    weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
-    out = ops.linear_swiglu(x, weight)
-    gate_up = ops.linear(x, weight)
-    assert out.shape == (n, intermediate)
-    assert torch.equal(out, ops.silu_mul(gate_up[:, :intermediate], gate_up[:, intermediate:]))
-    assert rel(out, reference.linear_swiglu(x, weight)) <= 1e-2
+    x, out, weight = check_swiglu_is_the_product_then_silu_mul(
+        ops.linear_swiglu, ops.linear, n, k, intermediate, kind
+    )
     assert torch.equal(ops.linear_swiglu(x[-1:], weight)[0], out[-1])
 
 

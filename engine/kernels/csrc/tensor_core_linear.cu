@@ -16,6 +16,8 @@
 //   the order of its terms): one 16-byte shared load per row and k-chunk, no ldmatrix, no swizzle;
 // - fp8 codes become bf16 exactly in registers (every e4m3 value is a bf16), and the channel scale multiplies
 //   the fp32 sum, so the product is the GEMV's: the fp32 sum of code x activation, scaled, rounded once.
+// Measured (run 98): frames of 4 and 16 streams 10-21% shorter than on cuBLAS, of 64 streams 24-27% longer, so the
+// engine uses it up to 32 rows (`Mode.tensor_core_max_rows`).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

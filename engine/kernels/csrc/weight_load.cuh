@@ -1,6 +1,7 @@
-// How the weight-streaming kernels (gemv.cu, tensor_core_linear.cu) read their weights: 16-byte loads through
-// the read-only path, not allocated in L1 (a kernel reads each chunk once; run 79: fast frame loop RTF 0.0298 ->
-// 0.0295), ranked in the L2 by an eviction policy (launchers.h, `gemv`'s l2_keep).
+// What the weight-streaming kernels share: the GEMV's weight loads (gemv.cu: 16-byte loads through the read-only
+// path, not allocated in L1, since a kernel reads each chunk once (run 79: fast frame loop RTF 0.0298 -> 0.0295),
+// ranked in the L2 by an eviction policy: launchers.h, `gemv`'s l2_keep), and how a weight row's product is
+// rounded, which the tensor-core products (tensor_core_linear.cu) share with the GEMV.
 #pragma once
 
 #include <stdint.h>
