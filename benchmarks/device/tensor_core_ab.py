@@ -16,7 +16,6 @@ Usage: python benchmarks/device/tensor_core_ab.py --model SNAPSHOT --out DIR [--
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -73,7 +72,7 @@ def main() -> int:
         print(
             mode_name,
             "64-stream replay",
-            f"{statistics.median(samples['cublas']['frame_replay_64_ms']):.3f} ->",
+            f"{medians['cublas']['frame_replay_64_ms']:.3f} ->",
             f"{medians['tensor_cores']['frame_replay_64_ms']:.3f} ms",
             flush=True,
         )

@@ -575,22 +575,23 @@ def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight, l2_keep: int | N
     return out.view(*x.shape[:-1], data.shape[0] // 2)
 
 
-TENSOR_CORE_MAX_ROWS = 128
-"""Activation rows the tensor-core products take at most (tensor_core_linear.cu: 16 mma column tiles)."""
+def _tensor_core_operands(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None, swiglu: bool):  # type: ignore[no-untyped-def]
+    """`_gemv_operands` when the tensor-core kernel takes them (its rules: tensor_core_linear_supported in
+    launchers.h), else None."""
+    operands = _gemv_operands(x, weight, bias)
+    if operands is None or not operands[0].tensor_core_linear_supported(
+        operands[1].shape[0], operands[2], swiglu
+    ):
+        return None
+    return operands
 
 
 def tensor_core_linear_suits(x: Tensor, weight: Tensor | QuantizedWeight, swiglu: bool = False) -> bool:
     """Whether `tensor_core_linear` (or, with `swiglu`, `tensor_core_linear_swiglu`) runs these operands on
     the tensor-core kernel rather than its torch reference: a Hopper GPU with the extension, bf16 x of 1 to
-    `TENSOR_CORE_MAX_ROWS` rows, bf16 or fp8 weights whose shapes fill the kernel's tiles."""
-    data = weight if isinstance(weight, Tensor) else weight.data
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] > TENSOR_CORE_MAX_ROWS or data.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-        return False
-    operands = _gemv_operands(x, weight, None)
-    if operands is None:
-        return False
-    return bool(operands[0].tensor_core_linear_supported(rows.shape[0], data, swiglu))
+    128 rows, bf16 or fp8 weights whose shapes fill the kernel's tiles and whose blocks fit the device at
+    once."""
+    return _tensor_core_operands(x, weight, None, swiglu) is not None
 
 
 def tensor_core_linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
@@ -600,9 +601,10 @@ def tensor_core_linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor
     uniform register in some instantiations, which faults (illegal instruction; run 97). Kernel tolerance vs
     the reference: `linear`'s (the fp32 sums of the same products in another order; for 8-bit W the products
     of the stored codes)."""
-    if not tensor_core_linear_suits(x, weight) or (bias is not None and not bias.is_cuda):
+    operands = _tensor_core_operands(x, weight, bias, False)
+    if operands is None:
         return reference.linear(x, weight, bias)
-    ext, rows, data, scale = _gemv_operands(x, weight, bias)
+    ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
     ext.tensor_core_linear(out, rows, data, scale, bias, False)
     return out.view(*x.shape[:-1], data.shape[0])
@@ -612,9 +614,10 @@ def tensor_core_linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> T
     """`linear_swiglu` on tensor cores (`tensor_core_linear`): the gate and up rows of an output in one
     block, so only the SwiGLU goes to memory. The same products and roundings as `tensor_core_linear` then
     `silu_mul`."""
-    if gate_up.shape[0] % 2 or not tensor_core_linear_suits(x, gate_up, swiglu=True):
+    operands = _tensor_core_operands(x, gate_up, None, True)
+    if operands is None:
         return reference.linear_swiglu(x, gate_up)
-    ext, rows, data, scale = _gemv_operands(x, gate_up, None)
+    ext, rows, data, scale = operands
     out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
     ext.tensor_core_linear(out, rows, data, scale, None, True)
     return out.view(*x.shape[:-1], data.shape[0] // 2)

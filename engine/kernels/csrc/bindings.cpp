@@ -185,16 +185,22 @@ struct GemvWeight {
   const float* scale;
 };
 
+// The kernels' name for a weight's dtype: bf16, int8 or float8_e4m3fn; nothing for another dtype.
+c10::optional<q3tts::WeightKind> weight_kind(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return q3tts::WeightKind::kBf16;
+    case at::kChar: return q3tts::WeightKind::kInt8;
+    case at::kFloat8_e4m3fn: return q3tts::WeightKind::kFp8E4M3;
+    default: return c10::nullopt;
+  }
+}
+
 GemvWeight check_gemv_weight(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale) {
   check_cuda(w, "w");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be contiguous [out, in]");
-  q3tts::WeightKind kind;
-  switch (w.scalar_type()) {
-    case at::kBFloat16: kind = q3tts::WeightKind::kBf16; break;
-    case at::kChar: kind = q3tts::WeightKind::kInt8; break;
-    case at::kFloat8_e4m3fn: kind = q3tts::WeightKind::kFp8E4M3; break;
-    default: TORCH_CHECK(false, "w must be bf16, int8 or float8_e4m3fn");
-  }
+  const c10::optional<q3tts::WeightKind> found = weight_kind(w.scalar_type());
+  TORCH_CHECK(found.has_value(), "w must be bf16, int8 or float8_e4m3fn");
+  const q3tts::WeightKind kind = *found;
   const float* s = nullptr;
   if (scale.has_value()) {
     check(*scale, "scale", at::kFloat);
@@ -295,15 +301,10 @@ void tensor_core_linear(at::Tensor y, at::Tensor x, at::Tensor w, c10::optional<
 // Whether `tensor_core_linear` takes `rows` activation rows with the weight w ([out, in]; [2 * outputs, in] with
 // `swiglu`) on this device.
 bool tensor_core_linear_supported(int64_t rows, at::Tensor w, bool swiglu) {
-  q3tts::WeightKind kind;
-  switch (w.scalar_type()) {
-    case at::kBFloat16: kind = q3tts::WeightKind::kBf16; break;
-    case at::kFloat8_e4m3fn: kind = q3tts::WeightKind::kFp8E4M3; break;
-    default: return false;
-  }
-  if (!w.is_cuda() || w.dim() != 2 || (swiglu && w.size(0) % 2 != 0)) return false;
+  const c10::optional<q3tts::WeightKind> kind = weight_kind(w.scalar_type());
+  if (!kind.has_value() || !w.is_cuda() || w.dim() != 2 || (swiglu && w.size(0) % 2 != 0)) return false;
   const c10::cuda::CUDAGuard guard(w.device());
-  return q3tts::tensor_core_linear_supported(rows, w.size(1), swiglu ? w.size(0) / 2 : w.size(0), kind, swiglu);
+  return q3tts::tensor_core_linear_supported(rows, w.size(1), swiglu ? w.size(0) / 2 : w.size(0), *kind, swiglu);
 }
 
 void snake_beta(at::Tensor out, at::Tensor x, at::Tensor freq, at::Tensor inv_beta, c10::optional<at::Tensor> bias) {

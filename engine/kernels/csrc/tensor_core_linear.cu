@@ -356,26 +356,31 @@ Plan plan_of(int n, int k, int m, WeightKind kind, bool swiglu) {
   return made;
 }
 
+// The plan of a product the kernel takes (a Hopper device, 1 to kMaxRows rows, bf16 or fp8 weights, whole
+// tiles and slices, blocks that fit the device at once); an empty plan (splits 0) for any other.
+Plan launch_plan(int n, int k, int m, WeightKind kind, bool swiglu) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return Plan{};
+  if (n < 1 || n > kMaxRows || kind == WeightKind::kInt8 || k % kSliceAlign != 0) return Plan{};
+  if (m % (swiglu ? kTileRows / 2 : kTileRows) != 0) return Plan{};
+  return plan_of(n, k, m, kind, swiglu);
+}
+
 }  // namespace
 
 bool tensor_core_linear_supported(int n, int k, int m, WeightKind kind, bool swiglu) {
-  if (device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return false;
-  if (n < 1 || n > kMaxRows || kind == WeightKind::kInt8 || k % kSliceAlign != 0) return false;
-  if (m % (swiglu ? kTileRows / 2 : kTileRows) != 0) return false;
-  return plan_of(n, k, m, kind, swiglu).splits != 0;
+  return launch_plan(n, k, m, kind, swiglu).splits != 0;
 }
 
 cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
                                int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu,
                                cudaStream_t stream) {
-  if (!tensor_core_linear_supported(n, k, m, kind, swiglu) || x_stride % 8 != 0 || (swiglu && bias != nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  const Plan p = plan_of(n, k, m, kind, swiglu);
+  const Plan p = launch_plan(n, k, m, kind, swiglu);
+  if (p.splits == 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   return dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) {
-    return launch_kernel_clustered(tensor_core_linear_kernel<k_kind, nt, glu>, dim3(p.tiles, p.splits), dim3(kWarps * 32), p.bytes, p.splits, stream,
-                                   static_cast<bf16*>(y), static_cast<const bf16*>(x), static_cast<const uint8_t*>(w),
-                                   scale, static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, k / p.splits);
+    return launch_kernel_clustered(tensor_core_linear_kernel<k_kind, nt, glu>, dim3(p.tiles, p.splits),
+                                   dim3(kWarps * 32), p.bytes, p.splits, stream, static_cast<bf16*>(y),
+                                   static_cast<const bf16*>(x), static_cast<const uint8_t*>(w), scale,
+                                   static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, k / p.splits);
   });
 }
 
