@@ -1,5 +1,5 @@
 """One frame graph's kernels under Nsight Compute (`ncu`): per kind of kernel (name and grid), its count,
-time, DRAM bytes and rate, achieved occupancy and top warp stall reasons.
+time, DRAM bytes and rate, L2 traffic, achieved occupancy and top warp stall reasons.
 
 Why: at one stream the frame replays in ~3.0 ms (exact) against ~1.2 ms of weight reads; whether that time
 is inside the kernels (slow kernels: fix them) or between them (the kernels' sum is short of the replay:
@@ -7,9 +7,11 @@ fewer kernels) decides the next change. ncu times each kernel alone (serialized,
 weights are in a frame), so the sum of the kernels' times against the replay is the cost of the chain.
 
 Usage: python benchmarks/device/frame_ncu.py --model SNAPSHOT --out DIR [--modes exact,fast] [--streams 1]
-           [--skip K] [--kernels N] [--timeout S]
+           [--skip K] [--kernels N] [--timeout S] [--tensor-core-max-rows R]
 (runs itself under ncu once per mode, N kernels of the frame after its first K; writes
-ncu-<mode>-b<streams>.csv, ncu's log and the .txt summary, and prints the summary)
+ncu-<mode>-b<streams>[-tc<R>].csv, ncu's log and the .txt summary, and prints the summary.
+--tensor-core-max-rows overrides the mode's `tensor_core_max_rows`: 0 puts every product of 4 rows or more
+on cuBLAS, 128 every one the tensor-core kernel takes)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ STALL_SUFFIX = "_per_issue_active.ratio"
 METRICS = [
     "gpu__time_duration.sum",
     "dram__bytes_read.sum",
+    "lts__t_bytes.sum",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__warps_active.avg.pct_of_peak_sustained_active",
     "launch__grid_size",
@@ -42,13 +45,19 @@ METRICS = [
 
 def profile_target(args: argparse.Namespace) -> int:
     """Under ncu: one decode frame graph of `streams` sessions replayed between profiler start and stop."""
+    from dataclasses import replace
+
     import torch
     from common import load_timing_engine
 
     from qwen3_tts_native.commands.bench import make_request, replay_ms
+    from qwen3_tts_native.engine.runtime.modes import resolve_mode
 
     started = time.perf_counter()
-    engine = load_timing_engine(args.model, args.target, max(args.streams, 1))
+    mode = resolve_mode(args.target)
+    if args.tensor_core_max_rows is not None:
+        mode = replace(mode, tensor_core_max_rows=args.tensor_core_max_rows)
+    engine = load_timing_engine(args.model, mode, max(args.streams, 1))
     print(f"engine loaded in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     sessions = [engine.start_session(make_request(64, seed=5000 + i)) for i in range(args.streams)]
     engine.prefill_many(sessions)
@@ -104,13 +113,14 @@ def summarize(raw_csv: str, title: str) -> str:
         "# (each kernel alone, caches flushed);",
         f"# {total_bytes / 1e9:.3f} GB read from DRAM: {total_bytes / max(total_ns, 1):.0f} GB/s over it",
         "",
-        f"{'kernel':<62} {'grid':>6} {'n':>4} {'us each':>8} {'ms all':>7} {'GB/s':>6} {'occ%':>5} "
-        f"{'regs':>4}  top stalls (cycles per issue)",
+        f"{'kernel':<62} {'grid':>6} {'n':>4} {'us each':>8} {'ms all':>7} {'GB/s':>6} {'L2 MB':>6} "
+        f"{'occ%':>5} {'regs':>4}  top stalls (cycles per issue)",
     ]
     ordered = sorted(groups.items(), key=lambda kv: -sum(number(r, "gpu__time_duration.sum") for r in kv[1]))
     for (name, grid, _block), members in ordered:
         ns = sum(number(r, "gpu__time_duration.sum") for r in members)
         read = sum(number(r, "dram__bytes_read.sum") for r in members)
+        l2_bytes = sum(number(r, "lts__t_bytes.sum") for r in members)
         occupancy = sum(number(r, "sm__warps_active.avg.pct_of_peak_sustained_active") for r in members)
         stalls = {
             key.removeprefix(STALL_PREFIX).removesuffix(STALL_SUFFIX): sum(number(r, key) for r in members)
@@ -120,7 +130,8 @@ def summarize(raw_csv: str, title: str) -> str:
         top = sorted(stalls.items(), key=lambda kv: -kv[1])[:3]
         lines.append(
             f"{name:<62} {grid:>6} {len(members):>4} {ns / len(members) / 1e3:>8.2f} {ns / 1e6:>7.3f} "
-            f"{read / max(ns, 1):>6.0f} {occupancy / len(members):>5.1f} "
+            f"{read / max(ns, 1):>6.0f} {l2_bytes / len(members) / 1e6:>6.1f} "
+            f"{occupancy / len(members):>5.1f} "
             f"{int(number(members[0], 'launch__registers_per_thread')):>4}  "
             + ", ".join(f"{k} {v:.1f}" for k, v in top)
         )
@@ -161,6 +172,9 @@ def run_profiles(args: argparse.Namespace) -> int:
             str(args.streams),
         ]
         stem = args.out / f"ncu-{mode}-b{args.streams}"
+        if args.tensor_core_max_rows is not None:
+            command += ["--tensor-core-max-rows", str(args.tensor_core_max_rows)]
+            stem = args.out / f"ncu-{mode}-b{args.streams}-tc{args.tensor_core_max_rows}"
         log = stem.with_suffix(".log")
         with log.open("w") as sink:  # ncu prints its table when the target exits
             process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -176,7 +190,9 @@ def run_profiles(args: argparse.Namespace) -> int:
             print(mode, "ncu wrote no table; rc", process.returncode, output[-3000:], flush=True)
             continue
         stem.with_suffix(".csv").write_text(raw)
-        text = summarize(raw, f"{mode} mode, one decode frame graph at {args.streams} stream(s)")
+        rows = args.tensor_core_max_rows
+        variant = "" if rows is None else f", tensor_core_max_rows {rows}"
+        text = summarize(raw, f"{mode} mode{variant}, one decode frame graph at {args.streams} stream(s)")
         stem.with_suffix(".txt").write_text(text)
         print(text, flush=True)
     return 0
@@ -190,6 +206,9 @@ def main() -> int:
     parser.add_argument("--skip", type=int, default=0, help="kernels of the frame not profiled first")
     parser.add_argument("--kernels", type=int, default=700, help="kernels profiled after those skipped")
     parser.add_argument("--timeout", type=float, default=300, help="seconds a mode's ncu run may take")
+    parser.add_argument(
+        "--tensor-core-max-rows", type=int, default=None, help="the mode's tensor_core_max_rows, overridden"
+    )
     parser.add_argument("--target", help=argparse.SUPPRESS)  # set when ncu runs this script on one mode
     args = parser.parse_args()
     return profile_target(args) if args.target else run_profiles(args)
