@@ -373,11 +373,11 @@ def test_tensor_core_linear(ext, n: int, k: int, m: int, kind: str) -> None:  # 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_the_code_predictors_products_take_the_tensor_cores(ext, kind: str) -> None:  # type: ignore[no-untyped-def]
-    """Every product of the predictor's frame steps at 4 to 64 streams, and those of its 128-row first step at
-    64 streams (the gate/up there if its blocks fit the device at once), runs on the kernel (a shape it
-    stopped taking would fall back unnoticed)."""
+    """Every product of the predictor's frame steps at 4 to 64 streams runs on the kernel (a shape it stopped
+    taking would fall back unnoticed). The 128-row products of the first step at 64 streams are not asserted:
+    whether their clusters fit the device at once is the runtime's answer."""
     shapes = {"qkv": (1024, 4096), "o": (2048, 1024), "down": (3072, 1024), "head": (1024, 2048)}
-    for n in (4, 16, 64, 128):
+    for n in (4, 16, 64):
         for name, (k, m) in shapes.items():
             w = torch.zeros(m, k, device="cuda", dtype=BF16)
             weight = w if kind == "bf16" else reference.quantize_weight(w, kind)
@@ -386,7 +386,7 @@ def test_the_code_predictors_products_take_the_tensor_cores(ext, kind: str) -> N
         gate_up = torch.zeros(6144, 1024, device="cuda", dtype=BF16)
         weight = gate_up if kind == "bf16" else reference.quantize_weight(gate_up, kind)
         x = torch.zeros(n, 1024, device="cuda", dtype=BF16)
-        assert ops.tensor_core_linear_suits(x, weight, swiglu=True) or n > 64, n
+        assert ops.tensor_core_linear_suits(x, weight, swiglu=True), n
 
 
 @pytest.mark.parametrize("n", [4, 17, 64])

@@ -77,8 +77,7 @@ cudaError_t gemv_rms_norm(void* y, const void* x, const void* delta, void* sum_o
 // `gemv`'s product (y[n, :m] = bf16(x @ W^T * scale + bias), or with `swiglu` the SwiGLU of the fused [gate; up]
 // weight [2m, k]) on tensor cores, for 1 to 128 activation rows and bf16 or fp8 weights (tensor_core_linear.cu):
 // the fp32 sums of the same products in another order. Needs compute capability 9.0, k a multiple of 64 and m a
-// multiple of 64 (32 with swiglu; from 33 rows on 128 and 64): `tensor_core_linear_supported`; x rows x_stride
-// apart (a multiple of 8).
+// multiple of 64 (32 with swiglu): `tensor_core_linear_supported`; x rows x_stride apart (a multiple of 8).
 bool tensor_core_linear_supported(int n, int k, int m, WeightKind kind, bool swiglu);
 cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const float* scale, const void* bias, int n,
                                int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu,

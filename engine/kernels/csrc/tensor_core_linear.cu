@@ -6,9 +6,8 @@
 // kernels, over half of the frame), start only once the kernel before them has ended (no programmatic
 // dependent launch), and read bf16 weights in fast mode too. Here:
 // - a block owns 64 output rows (4 warps of 16: one mma.m16n8k16 row tile each; for SwiGLU 32 gate rows and
-//   their 32 up rows), or 128 from 64 activation rows on (two row tiles a warp), and a slice of k. The `splits`
-//   blocks that share a tile form a thread block cluster and add their partial sums through distributed shared
-//   memory, in rank order: no workspace, no second kernel;
+//   their 32 up rows) and a slice of k. The `splits` blocks that share a tile form a thread block cluster and add
+//   their partial sums through distributed shared memory, in rank order: no workspace, no second kernel;
 // - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
 //   (weights are never written), then its activation slice, so both stream in at once with nothing held in
 //   registers; the four warps then read their fragments from shared memory;
@@ -18,7 +17,10 @@
 // - fp8 codes become bf16 exactly in registers (every e4m3 value is a bf16), and the channel scale multiplies
 //   the fp32 sum, so the product is the GEMV's: the fp32 sum of code x activation, scaled, rounded once.
 // Measured (run 98): frames of 4 and 16 streams 10-21% shorter than on cuBLAS, of 64 streams 24-27% longer, so the
-// engine uses it up to 32 rows (`Mode.tensor_core_max_rows`).
+// engine uses it up to 32 rows (`Mode.tensor_core_max_rows`). Run 100 (ncu, each kernel alone): at 64 and 128 rows a
+// call takes 9-22 us against cuBLAS's 5.3-8.8, at 4-13% warp occupancy and ~1 cycle of stall per issue: one or two
+// blocks of 4 warps an SM run their copy, product and reduction phases one after the other with nothing to hide
+// their latencies; two row tiles a warp (128 weight rows a block, half the blocks) was slower still.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -39,19 +41,11 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kWarps = 4;
-constexpr int kMmaRows = 16;  // output rows of an mma: its M
+constexpr int kWarpRows = 16;                  // output rows of a warp: the mma's M
+constexpr int kTileRows = kWarps * kWarpRows;  // output rows of a block
 constexpr int kMaxRows = 128;                  // activation rows (8 per mma N tile, up to 16 tiles)
 constexpr int kSliceAlign = 64;                // a block's k slice is a multiple of this (128 bytes of activations)
 constexpr int kMaxSplits = 8;                  // blocks of a cluster (the portable maximum)
-
-// Output rows of a warp (MT mma row tiles) and of a block. From 33 activation rows on (8 column tiles), a warp
-// takes two row tiles: every activation fragment it reads from shared memory then feeds two mmas, which halves
-// the activation reads (shared memory and L2) per weight row, the larger part of a block's traffic from 64 rows.
-template <int MT>
-__host__ __device__ constexpr int tile_rows() {
-  return kWarps * MT * kMmaRows;
-}
-__host__ __device__ constexpr int row_tiles_of_warp(int nt) { return nt >= 8 ? 2 : 1; }
 
 // What one 16-byte weight chunk of a lane covers: kChunk consecutive k values, kSteps mma k-steps of 4 each.
 template <WeightKind K>
@@ -69,18 +63,18 @@ __host__ __device__ constexpr int pitch(int row_bytes, int column) {
   return row_bytes + ((target - row_bytes % 128) + 128) % 128;
 }
 
-// The layout of a block's shared memory: its weight slice [block_rows, k_slice] (weight elements), then its
+// The layout of a block's shared memory: its weight slice [kTileRows, k_slice] (weight elements), then its
 // activation slice [row_tiles * 8, k_slice] bf16; after the products the block's partial sums
-// [block_rows, row_tiles * 8 + 4] fp32 take the place of both.
+// [kTileRows, row_tiles * 8 + 4] fp32 take the place of both.
 struct SharedLayout {
   int weight_pitch, slice_pitch, slice_offset, bytes;
-  __host__ __device__ SharedLayout(int block_rows, int row_tiles, int k_slice, int weight_bytes) {
+  __host__ __device__ SharedLayout(int row_tiles, int k_slice, int weight_bytes) {
     const int column = weight_bytes == 2 ? 16 : 32;  // bytes of activations a lane reads per chunk
     weight_pitch = pitch(k_slice * weight_bytes, 16);
     slice_pitch = pitch(k_slice * 2, column);
-    slice_offset = block_rows * weight_pitch;
+    slice_offset = kTileRows * weight_pitch;
     const int operands = slice_offset + row_tiles * 8 * slice_pitch;
-    const int sums = block_rows * (row_tiles * 8 + 4) * 4;
+    const int sums = kTileRows * (row_tiles * 8 + 4) * 4;
     bytes = operands > sums ? operands : sums;
   }
 };
@@ -130,7 +124,7 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-template <WeightKind K, int NT, bool kSwiglu, int MT>
+template <WeightKind K, int NT, bool kSwiglu>
 __global__ void __launch_bounds__(kWarps * 32)
     tensor_core_linear_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                               const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
@@ -139,28 +133,24 @@ __global__ void __launch_bounds__(kWarps * 32)
   using Shape = ChunkShape<K>;
   constexpr int kRoundK = 4 * Shape::kChunk;  // k values a round of the warp's 4 lane columns covers
   constexpr int kSumStride = NT * 8 + 4;
-  constexpr int kTileRows = tile_rows<MT>();
-  constexpr int kWarpRows = MT * kMmaRows;
-  constexpr int kOutputs = kSwiglu ? kTileRows / 2 : kTileRows;  // output columns of y a block finishes
   extern __shared__ __align__(16) unsigned char shared[];
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const SharedLayout layout(kTileRows, NT, k_slice, Shape::kBytes);
+  const SharedLayout layout(NT, k_slice, Shape::kBytes);
   const int k0 = rank * k_slice;
   const int64_t row_bytes = static_cast<int64_t>(k) * Shape::kBytes;
   const int slice_bytes = k_slice * Shape::kBytes;
 
-  // The block's weight rows (kTileRows consecutive, or for SwiGLU kOutputs gate rows then their up rows, m rows
-  // further), k0 .. k0 + k_slice of each, to shared memory, before the wait: weights are never written.
+  // The block's weight rows (64 consecutive, or for SwiGLU 32 gate rows then their up rows, m rows further),
+  // k0 .. k0 + k_slice of each, to shared memory, before the wait: weights are never written.
   allow_next_kernel();
   const int weight_vecs = slice_bytes / 16;
   for (int i = threadIdx.x; i < kTileRows * weight_vecs; i += kWarps * 32) {
     const int r = i / weight_vecs, c = i - r * weight_vecs;
-    const int row = kSwiglu ? (r < kOutputs ? blockIdx.x * kOutputs + r : m + blockIdx.x * kOutputs + r - kOutputs)
-                            : blockIdx.x * kTileRows + r;
+    const int row = kSwiglu ? (r < 32 ? blockIdx.x * 32 + r : m + blockIdx.x * 32 + r - 32) : blockIdx.x * kTileRows + r;
     copy_async_16(shared + r * layout.weight_pitch + c * 16,
                   w + row * row_bytes + static_cast<int64_t>(k0) * Shape::kBytes + c * 16);
   }
@@ -181,30 +171,24 @@ __global__ void __launch_bounds__(kWarps * 32)
   wait_async_copies();
   __syncthreads();
 
-  float acc[MT][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-  }
-  // Lane (g, t) reads the chunk at k = round * kRoundK + t * kChunk of its weight rows g and g + 8 of each row tile
-  // and of activation rows 8j + g: the B fragment (m16n8k16 .col: b0 = logical k 2t, 2t+1 of column g; b1 = k
-  // 2t+8, 2t+9) of k-step s is that chunk's elements 4s..4s+3, as the A fragment's are.
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  // Lane (g, t) reads the chunk at k = round * kRoundK + t * kChunk of its weight rows g and g + 8 and of
+  // activation rows 8j + g: the B fragment (m16n8k16 .col: b0 = logical k 2t, 2t+1 of column g; b1 = k 2t+8, 2t+9)
+  // of k-step s is that chunk's elements 4s..4s+3, as the A fragment's are.
   const unsigned char* weight_g = shared + (warp * kWarpRows + g) * layout.weight_pitch + t * 16;
+  const unsigned char* weight_g8 = weight_g + 8 * layout.weight_pitch;
   const unsigned char* slice_lane = slice + g * layout.slice_pitch + t * Shape::kChunk * 2;
   const int rounds = k_slice / kRoundK;
 #pragma unroll 2
   for (int round = 0; round < rounds; ++round) {
-    uint32_t a[MT][Shape::kSteps][4];
+    uint32_t row_g[4], row_g8[4];
+    load_words(row_g, weight_g + round * 64);
+    load_words(row_g8, weight_g8 + round * 64);
+    uint32_t a[Shape::kSteps][4];
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      uint32_t row_g[4], row_g8[4];
-      const unsigned char* tile_g = weight_g + i * kMmaRows * layout.weight_pitch + round * 64;
-      load_words(row_g, tile_g);
-      load_words(row_g8, tile_g + 8 * layout.weight_pitch);
-#pragma unroll
-      for (int s = 0; s < Shape::kSteps; ++s) a_fragment<K>(a[i][s], row_g, row_g8, s);
-    }
+    for (int s = 0; s < Shape::kSteps; ++s) a_fragment<K>(a[s], row_g, row_g8, s);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const unsigned char* xv = slice_lane + j * 8 * layout.slice_pitch + round * kRoundK * 2;
@@ -218,26 +202,18 @@ __global__ void __launch_bounds__(kWarps * 32)
         b[4 * h + 3] = v.w;
       }
 #pragma unroll
-      for (int i = 0; i < MT; ++i) {
-#pragma unroll
-        for (int s = 0; s < Shape::kSteps; ++s) mma_bf16(acc[i][j], a[i][s], b[2 * s], b[2 * s + 1]);
-      }
+      for (int s = 0; s < Shape::kSteps; ++s) mma_bf16(acc[j], a[s], b[2 * s], b[2 * s + 1]);
     }
   }
 
   // The warps' partial sums (c0, c1: row g, columns 2t, 2t+1; c2, c3: row g + 8) where the operands were.
   __syncthreads();
   float* sums = reinterpret_cast<float*>(shared);
+  const int local = warp * kWarpRows + g;
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int local = warp * kWarpRows + i * kMmaRows + g;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      *reinterpret_cast<float2*>(sums + local * kSumStride + 8 * j + 2 * t) =
-          make_float2(acc[i][j][0], acc[i][j][1]);
-      *reinterpret_cast<float2*>(sums + (local + 8) * kSumStride + 8 * j + 2 * t) =
-          make_float2(acc[i][j][2], acc[i][j][3]);
-    }
+  for (int j = 0; j < NT; ++j) {
+    *reinterpret_cast<float2*>(sums + local * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(sums + (local + 8) * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
   }
   if (splits > 1) {
     cluster.sync();
@@ -252,6 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float* part = q < splits && splits > 1 ? cluster.map_shared_rank(sums, q) : sums;
     parts[q] = reinterpret_cast<const float4*>(part);
   }
+  constexpr int kOutputs = kSwiglu ? kTileRows / 2 : kTileRows;
   const int share = kOutputs / splits;
   const int quads = (n + 3) / 4;
   for (int i = threadIdx.x; i < share * quads; i += kWarps * 32) {
@@ -345,19 +322,18 @@ struct Plan {
 // function of the shapes and the device.
 template <WeightKind K, int NT, bool kSwiglu>
 Plan plan(int k, int m) {
-  constexpr int kMt = row_tiles_of_warp(NT);
   Plan chosen;
-  chosen.tiles = m / (kSwiglu ? tile_rows<kMt>() / 2 : tile_rows<kMt>());
+  chosen.tiles = kSwiglu ? m / (kTileRows / 2) : m / kTileRows;
   const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
   const int max_shared = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  auto kernel = tensor_core_linear_kernel<K, NT, kSwiglu, kMt>;
+  auto kernel = tensor_core_linear_kernel<K, NT, kSwiglu>;
   // Every launch may take up to the device's limit (graphs captured earlier keep launches of any size valid).
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared) != cudaSuccess) {
     return chosen;
   }
   for (int splits = 1; splits <= kMaxSplits; splits *= 2) {
     if (k % (splits * kSliceAlign) != 0) break;
-    const int bytes = SharedLayout(tile_rows<kMt>(), NT, k / splits, ChunkShape<K>::kBytes).bytes;
+    const int bytes = SharedLayout(NT, k / splits, ChunkShape<K>::kBytes).bytes;
     if (bytes > max_shared) continue;
     const int blocks = chosen.tiles * splits;
     if (blocks > resident_blocks(kernel, splits, bytes, sm_count)) continue;
@@ -410,8 +386,7 @@ Plan plan_of(int n, int k, int m, WeightKind kind, bool swiglu) {
 Plan launch_plan(int n, int k, int m, WeightKind kind, bool swiglu) {
   if (device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return Plan{};
   if (n < 1 || n > kMaxRows || kind == WeightKind::kInt8 || k % kSliceAlign != 0) return Plan{};
-  const int block_rows = row_tiles_of_warp(row_tiles(n)) == 2 ? tile_rows<2>() : tile_rows<1>();
-  if (m % (swiglu ? block_rows / 2 : block_rows) != 0) return Plan{};
+  if (m % (swiglu ? kTileRows / 2 : kTileRows) != 0) return Plan{};
   return plan_of(n, k, m, kind, swiglu);
 }
 
@@ -427,8 +402,7 @@ cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const floa
   const Plan p = launch_plan(n, k, m, kind, swiglu);
   if (p.splits == 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   return dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) {
-    return launch_kernel_clustered(tensor_core_linear_kernel<k_kind, nt, glu, row_tiles_of_warp(nt)>,
-                                   dim3(p.tiles, p.splits),
+    return launch_kernel_clustered(tensor_core_linear_kernel<k_kind, nt, glu>, dim3(p.tiles, p.splits),
                                    dim3(kWarps * 32), p.bytes, p.splits, stream, static_cast<bf16*>(y),
                                    static_cast<const bf16*>(x), static_cast<const uint8_t*>(w), scale,
                                    static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, k / p.splits);
