@@ -5,12 +5,12 @@
 // 64 rows for 2-12 MB of weights (run 95's 64-stream profile: with their split-K reductions and the SwiGLU
 // kernels, over half of the frame), start only once the kernel before them has ended (no programmatic
 // dependent launch), and read bf16 weights in fast mode too. Here:
-// - a block owns 64 output rows (4 warps of 16: one mma.m16n8k16 row tile each; for SwiGLU 32 gate rows and
-//   their 32 up rows) and a slice of k. The `splits` blocks that share a tile form a thread block cluster and add
+// - a block owns 64 output rows (4 mma.m16n8k16 row tiles of 16, two warps each, one per half of the block's k;
+//   for SwiGLU 32 gate rows and their 32 up rows) and a slice of k. The `splits` blocks that share a tile form a thread block cluster and add
 //   their partial sums through distributed shared memory, in rank order: no workspace, no second kernel;
 // - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
 //   (weights are never written), then its activation slice, so both stream in at once with nothing held in
-//   registers; the four warps then read their fragments from shared memory;
+//   registers; the eight warps then read their fragments from shared memory;
 // - the mma's k index is permuted so that a lane's 16-byte chunk of a weight row holds exactly the k values of
 //   its A fragments, and the activations are read with the same permutation (a dot product does not depend on
 //   the order of its terms): one 16-byte shared load per row and k-chunk, no ldmatrix, no swizzle;
@@ -19,8 +19,9 @@
 // Measured (run 98): frames of 4 and 16 streams 10-21% shorter than on cuBLAS, of 64 streams 24-27% longer, so the
 // engine uses it up to 32 rows (`Mode.tensor_core_max_rows`). Run 100 (ncu, each kernel alone): at 64 and 128 rows a
 // call takes 9-22 us against cuBLAS's 5.3-8.8, at 4-13% warp occupancy and ~1 cycle of stall per issue: one or two
-// blocks of 4 warps an SM run their copy, product and reduction phases one after the other with nothing to hide
-// their latencies; two row tiles a warp (128 weight rows a block, half the blocks) was slower still.
+// blocks of 4 warps an SM ran their copy, product and reduction phases one after the other with nothing to hide
+// their latencies (two row tiles a warp, 128 weight rows a block and half the blocks, was slower still); hence
+// two warps a row tile.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -40,9 +41,10 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kWarps = 4;
-constexpr int kWarpRows = 16;                  // output rows of a warp: the mma's M
-constexpr int kTileRows = kWarps * kWarpRows;  // output rows of a block
+constexpr int kRowTiles = 4;                       // mma row tiles of a block
+constexpr int kWarpRows = 16;                      // output rows of a row tile: the mma's M
+constexpr int kTileRows = kRowTiles * kWarpRows;   // output rows of a block
+constexpr int kWarps = 2 * kRowTiles;              // two warps a row tile, each with half of the slice's k
 constexpr int kMaxRows = 128;                  // activation rows (8 per mma N tile, up to 16 tiles)
 constexpr int kSliceAlign = 64;                // a block's k slice is a multiple of this (128 bytes of activations)
 constexpr int kMaxSplits = 8;                  // blocks of a cluster (the portable maximum)
@@ -177,12 +179,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Lane (g, t) reads the chunk at k = round * kRoundK + t * kChunk of its weight rows g and g + 8 and of
   // activation rows 8j + g: the B fragment (m16n8k16 .col: b0 = logical k 2t, 2t+1 of column g; b1 = k 2t+8, 2t+9)
   // of k-step s is that chunk's elements 4s..4s+3, as the A fragment's are.
-  const unsigned char* weight_g = shared + (warp * kWarpRows + g) * layout.weight_pitch + t * 16;
+  // Warp w takes row tile w % kRowTiles over the first half of the rounds (w < kRowTiles) or over the rest: two
+  // warps a row tile, because one warp a scheduler could not hide its own latencies (run 100).
+  const int row_tile = warp % kRowTiles, half = warp / kRowTiles;
+  const unsigned char* weight_g = shared + (row_tile * kWarpRows + g) * layout.weight_pitch + t * 16;
   const unsigned char* weight_g8 = weight_g + 8 * layout.weight_pitch;
   const unsigned char* slice_lane = slice + g * layout.slice_pitch + t * Shape::kChunk * 2;
   const int rounds = k_slice / kRoundK;
+  const int first_rounds = (rounds + 1) / 2;
+  const int round_end = half == 0 ? first_rounds : rounds;
 #pragma unroll 2
-  for (int round = 0; round < rounds; ++round) {
+  for (int round = half == 0 ? 0 : first_rounds; round < round_end; ++round) {
     uint32_t row_g[4], row_g8[4];
     load_words(row_g, weight_g + round * 64);
     load_words(row_g8, weight_g8 + round * 64);
@@ -206,14 +213,29 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
-  // The warps' partial sums (c0, c1: row g, columns 2t, 2t+1; c2, c3: row g + 8) where the operands were.
+  // The block's partial sums (c0, c1: row g, columns 2t, 2t+1; c2, c3: row g + 8) where the operands were: the
+  // second half's warps store theirs, then the first half's add their own to them (first + second, always).
   __syncthreads();
   float* sums = reinterpret_cast<float*>(shared);
-  const int local = warp * kWarpRows + g;
+  const int local = row_tile * kWarpRows + g;
+  if (half == 1) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    *reinterpret_cast<float2*>(sums + local * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
-    *reinterpret_cast<float2*>(sums + (local + 8) * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
+    for (int j = 0; j < NT; ++j) {
+      *reinterpret_cast<float2*>(sums + local * kSumStride + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
+      *reinterpret_cast<float2*>(sums + (local + 8) * kSumStride + 8 * j + 2 * t) =
+          make_float2(acc[j][2], acc[j][3]);
+    }
+  }
+  __syncthreads();
+  if (half == 0) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float2* upper = reinterpret_cast<float2*>(sums + local * kSumStride + 8 * j + 2 * t);
+      float2* lower = reinterpret_cast<float2*>(sums + (local + 8) * kSumStride + 8 * j + 2 * t);
+      const float2 u = *upper, l = *lower;
+      *upper = make_float2(acc[j][0] + u.x, acc[j][1] + u.y);
+      *lower = make_float2(acc[j][2] + l.x, acc[j][3] + l.y);
+    }
   }
   if (splits > 1) {
     cluster.sync();
