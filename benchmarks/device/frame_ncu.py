@@ -171,10 +171,10 @@ def run_profiles(args: argparse.Namespace) -> int:
             "--streams",
             str(args.streams),
         ]
-        stem = args.out / f"ncu-{mode}-b{args.streams}"
-        if args.tensor_core_max_rows is not None:
-            command += ["--tensor-core-max-rows", str(args.tensor_core_max_rows)]
-            stem = args.out / f"ncu-{mode}-b{args.streams}-tc{args.tensor_core_max_rows}"
+        rows = args.tensor_core_max_rows
+        if rows is not None:
+            command += ["--tensor-core-max-rows", str(rows)]
+        stem = args.out / f"ncu-{mode}-b{args.streams}{'' if rows is None else f'-tc{rows}'}"
         log = stem.with_suffix(".log")
         with log.open("w") as sink:  # ncu prints its table when the target exits
             process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -190,7 +190,6 @@ def run_profiles(args: argparse.Namespace) -> int:
             print(mode, "ncu wrote no table; rc", process.returncode, output[-3000:], flush=True)
             continue
         stem.with_suffix(".csv").write_text(raw)
-        rows = args.tensor_core_max_rows
         variant = "" if rows is None else f", tensor_core_max_rows {rows}"
         text = summarize(raw, f"{mode} mode{variant}, one decode frame graph at {args.streams} stream(s)")
         stem.with_suffix(".txt").write_text(text)

@@ -6,8 +6,9 @@
 // kernels, over half of the frame), start only once the kernel before them has ended (no programmatic
 // dependent launch), and read bf16 weights in fast mode too. Here:
 // - a block owns 64 output rows (4 mma.m16n8k16 row tiles of 16, two warps each, one per half of the block's k;
-//   for SwiGLU 32 gate rows and their 32 up rows) and a slice of k. The `splits` blocks that share a tile form a thread block cluster and add
-//   their partial sums through distributed shared memory, in rank order: no workspace, no second kernel;
+//   for SwiGLU 32 gate rows and their 32 up rows) and a slice of k. The `splits` blocks that share a tile form a
+//   thread block cluster and add their partial sums through distributed shared memory, in rank order: no
+//   workspace, no second kernel;
 // - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
 //   (weights are never written), then its activation slice, so both stream in at once with nothing held in
 //   registers; the eight warps then read their fragments from shared memory;
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   using Shape = ChunkShape<K>;
   constexpr int kRoundK = 4 * Shape::kChunk;  // k values a round of the warp's 4 lane columns covers
   constexpr int kSumStride = NT * 8 + 4;
+  constexpr int kOutputs = kSwiglu ? kTileRows / 2 : kTileRows;  // output columns of y a block finishes
   extern __shared__ __align__(16) unsigned char shared[];
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = static_cast<int>(cluster.num_blocks());
@@ -152,7 +154,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int weight_vecs = slice_bytes / 16;
   for (int i = threadIdx.x; i < kTileRows * weight_vecs; i += kWarps * 32) {
     const int r = i / weight_vecs, c = i - r * weight_vecs;
-    const int row = kSwiglu ? (r < 32 ? blockIdx.x * 32 + r : m + blockIdx.x * 32 + r - 32) : blockIdx.x * kTileRows + r;
+    const int row = kSwiglu ? (r < kOutputs ? blockIdx.x * kOutputs + r : m + blockIdx.x * kOutputs + r - kOutputs)
+                            : blockIdx.x * kTileRows + r;
     copy_async_16(shared + r * layout.weight_pitch + c * 16,
                   w + row * row_bytes + static_cast<int64_t>(k0) * Shape::kBytes + c * 16);
   }
@@ -250,7 +253,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float* part = q < splits && splits > 1 ? cluster.map_shared_rank(sums, q) : sums;
     parts[q] = reinterpret_cast<const float4*>(part);
   }
-  constexpr int kOutputs = kSwiglu ? kTileRows / 2 : kTileRows;
   const int share = kOutputs / splits;
   const int quads = (n + 3) / 4;
   for (int i = threadIdx.x; i < share * quads; i += kWarps * 32) {
