@@ -66,6 +66,22 @@ __device__ __forceinline__ void wait_async_copies() {
 #endif
 }
 
+// Copy groups: `commit_async_copies` closes this thread's copies issued since the last commit into a group (an
+// empty group when there were none); `wait_async_copies_but<N>` returns once all but its N newest groups have
+// landed.
+__device__ __forceinline__ void commit_async_copies() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wait_async_copies_but() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll

@@ -11,7 +11,9 @@
 //   workspace, no second kernel;
 // - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
 //   (weights are never written), then its activation slice, so both stream in at once with nothing held in
-//   registers; the eight warps then read their fragments from shared memory;
+//   registers; the eight warps then read their fragments from shared memory. Where no plan fits one wave with
+//   whole slices (the talker's gate/up and down: 12-37 MB of weights), the slice goes through a ring of kRing
+//   stage buffers instead: the copies of the next stages stream while a stage is multiplied;
 // - the mma's k index is permuted so that a lane's 16-byte chunk of a weight row holds exactly the k values of
 //   its A fragments, and the activations are read with the same permutation (a dot product does not depend on
 //   the order of its terms): one 16-byte shared load per row and k-chunk, no ldmatrix, no swizzle;
@@ -49,6 +51,7 @@ constexpr int kWarps = 2 * kRowTiles;              // two warps a row tile, each
 constexpr int kMaxRows = 128;                  // activation rows (8 per mma N tile, up to 16 tiles)
 constexpr int kSliceAlign = 64;                // a block's k slice is a multiple of this (128 bytes of activations)
 constexpr int kMaxSplits = 8;                  // blocks of a cluster (the portable maximum)
+constexpr int kRing = 3;                       // stage buffers of a block: the stages in flight at once
 
 // What one 16-byte weight chunk of a lane covers: kChunk consecutive k values, kSteps mma k-steps of 4 each.
 template <WeightKind K>
@@ -66,17 +69,19 @@ __host__ __device__ constexpr int pitch(int row_bytes, int column) {
   return row_bytes + ((target - row_bytes % 128) + 128) % 128;
 }
 
-// The layout of a block's shared memory: its weight slice [kTileRows, k_slice] (weight elements), then its
-// activation slice [row_tiles * 8, k_slice] bf16; after the products the block's partial sums
-// [kTileRows, row_tiles * 8 + 4] fp32 take the place of both.
+// The layout of a block's shared memory: up to kRing stage buffers, each the stage's weights [kTileRows, k_stage]
+// (weight elements) then its activations [row_tiles * 8, k_stage] bf16; after the products the block's partial
+// sums [kTileRows, row_tiles * 8 + 4] fp32 take the place of the first buffers.
 struct SharedLayout {
-  int weight_pitch, slice_pitch, slice_offset, bytes;
-  __host__ __device__ SharedLayout(int row_tiles, int k_slice, int weight_bytes) {
+  int weight_pitch, slice_pitch, slice_offset, stage_bytes, bytes;
+  __host__ __device__ SharedLayout(int row_tiles, int k_slice, int k_stage, int weight_bytes) {
     const int column = weight_bytes == 2 ? 16 : 32;  // bytes of activations a lane reads per chunk
-    weight_pitch = pitch(k_slice * weight_bytes, 16);
-    slice_pitch = pitch(k_slice * 2, column);
+    weight_pitch = pitch(k_stage * weight_bytes, 16);
+    slice_pitch = pitch(k_stage * 2, column);
     slice_offset = kTileRows * weight_pitch;
-    const int operands = slice_offset + row_tiles * 8 * slice_pitch;
+    stage_bytes = slice_offset + row_tiles * 8 * slice_pitch;
+    const int stages = k_slice / k_stage;
+    const int operands = (stages < kRing ? stages : kRing) * stage_bytes;
     const int sums = kTileRows * (row_tiles * 8 + 4) * 4;
     bytes = operands > sums ? operands : sums;
   }
@@ -127,11 +132,12 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-template <WeightKind K, int NT, bool kSwiglu>
+// kBuffers: 1 when the block's whole slice is one stage (its copies all in flight at once), else kRing.
+template <WeightKind K, int NT, bool kSwiglu, int kBuffers>
 __global__ void __launch_bounds__(kWarps * 32)
     tensor_core_linear_kernel(bf16* __restrict__ y, const bf16* __restrict__ x, const uint8_t* __restrict__ w,
                               const float* __restrict__ scale, const bf16* __restrict__ bias, int n, int k, int m,
-                              int x_stride, int y_stride, int k_slice) {
+                              int x_stride, int y_stride, int k_slice, int k_stage) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Shape = ChunkShape<K>;
   constexpr int kRoundK = 4 * Shape::kChunk;  // k values a round of the warp's 4 lane columns covers
@@ -143,38 +149,57 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int rank = static_cast<int>(cluster.block_rank());
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const SharedLayout layout(NT, k_slice, Shape::kBytes);
-  const int k0 = rank * k_slice;
+  const SharedLayout layout(NT, k_slice, k_stage, Shape::kBytes);
+  constexpr bool kStaged = kBuffers > 1;
+  const int stages = kStaged ? k_slice / k_stage : 1;
   const int64_t row_bytes = static_cast<int64_t>(k) * Shape::kBytes;
-  const int slice_bytes = k_slice * Shape::kBytes;
+  const int weight_vecs = k_stage * Shape::kBytes / 16;
+  const int x_vecs = k_stage / 8;
 
-  // The block's weight rows (64 consecutive, or for SwiGLU 32 gate rows then their up rows, m rows further),
-  // k0 .. k0 + k_slice of each, to shared memory, before the wait: weights are never written.
+  // Stage s covers k = rank * k_slice + s * k_stage and the next k_stage values of the block's weight rows (64
+  // consecutive, or for SwiGLU 32 gate rows then their up rows, m rows further) and of every activation row; it
+  // lands in buffer s % kBuffers.
+  auto buffer_of = [&](int stage) { return kStaged ? shared + (stage % kBuffers) * layout.stage_bytes : shared; };
+  auto copy_weights = [&](int stage) {
+    unsigned char* buffer = buffer_of(stage);
+    const int64_t first = (static_cast<int64_t>(rank) * k_slice + stage * k_stage) * Shape::kBytes;
+    for (int i = threadIdx.x; i < kTileRows * weight_vecs; i += kWarps * 32) {
+      const int r = i / weight_vecs, c = i - r * weight_vecs;
+      const int row = kSwiglu ? (r < kOutputs ? blockIdx.x * kOutputs + r : m + blockIdx.x * kOutputs + r - kOutputs)
+                              : blockIdx.x * kTileRows + r;
+      copy_async_16(buffer + r * layout.weight_pitch + c * 16, w + row * row_bytes + first + c * 16);
+    }
+  };
+  // Rows past n are zeros, stored once per buffer (at its first fill): no copy ever writes them.
+  auto copy_activations = [&](int stage) {
+    unsigned char* slice = buffer_of(stage) + layout.slice_offset;
+    const int first = rank * k_slice + stage * k_stage;
+    for (int i = threadIdx.x; i < NT * 8 * x_vecs; i += kWarps * 32) {
+      const int r = i / x_vecs, c = i - r * x_vecs;
+      unsigned char* dst = slice + r * layout.slice_pitch + c * 16;
+      if (r < n) {
+        copy_async_16(dst, x + static_cast<int64_t>(r) * x_stride + first + c * 8);
+      } else if (stage < kBuffers) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  // The first kBuffers stages' weights stream in before the wait (weights are never written), their activations
+  // after it; one copy group a stage and kind, empty ones past the last stage, so that before stage s is
+  // multiplied exactly kBuffers - 1 groups may still be in flight.
   allow_next_kernel();
-  const int weight_vecs = slice_bytes / 16;
-  for (int i = threadIdx.x; i < kTileRows * weight_vecs; i += kWarps * 32) {
-    const int r = i / weight_vecs, c = i - r * weight_vecs;
-    const int row = kSwiglu ? (r < kOutputs ? blockIdx.x * kOutputs + r : m + blockIdx.x * kOutputs + r - kOutputs)
-                            : blockIdx.x * kTileRows + r;
-    copy_async_16(shared + r * layout.weight_pitch + c * 16,
-                  w + row * row_bytes + static_cast<int64_t>(k0) * Shape::kBytes + c * 16);
+#pragma unroll
+  for (int stage = 0; stage < kBuffers; ++stage) {
+    if (stage < stages) copy_weights(stage);
+    commit_async_copies();
   }
   wait_for_previous_kernel();
-
-  // The activation slice x[:, k0 : k0 + k_slice], zeros past row n.
-  unsigned char* slice = shared + layout.slice_offset;
-  const int x_vecs = k_slice / 8;
-  for (int i = threadIdx.x; i < NT * 8 * x_vecs; i += kWarps * 32) {
-    const int r = i / x_vecs, c = i - r * x_vecs;
-    unsigned char* dst = slice + r * layout.slice_pitch + c * 16;
-    if (r < n) {
-      copy_async_16(dst, x + static_cast<int64_t>(r) * x_stride + k0 + c * 8);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
+#pragma unroll
+  for (int stage = 0; stage < kBuffers; ++stage) {
+    if (stage < stages) copy_activations(stage);
+    commit_async_copies();
   }
-  wait_async_copies();
-  __syncthreads();
 
   float acc[NT][4];
 #pragma unroll
@@ -182,37 +207,51 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Lane (g, t) reads the chunk at k = round * kRoundK + t * kChunk of its weight rows g and g + 8 and of
   // activation rows 8j + g: the B fragment (m16n8k16 .col: b0 = logical k 2t, 2t+1 of column g; b1 = k 2t+8, 2t+9)
   // of k-step s is that chunk's elements 4s..4s+3, as the A fragment's are.
-  // Warp w takes row tile w % kRowTiles over the first half of the rounds (w < kRowTiles) or over the rest: two
-  // warps a row tile, because one warp a scheduler could not hide its own latencies (run 100).
+  // Warp w takes row tile w % kRowTiles over the first half of each stage's rounds (w < kRowTiles) or over the
+  // rest: two warps a row tile, because one warp a scheduler could not hide its own latencies (run 100).
   const int row_tile = warp % kRowTiles, half = warp / kRowTiles;
-  const unsigned char* weight_g = shared + (row_tile * kWarpRows + g) * layout.weight_pitch + t * 16;
-  const unsigned char* weight_g8 = weight_g + 8 * layout.weight_pitch;
-  const unsigned char* slice_lane = slice + g * layout.slice_pitch + t * Shape::kChunk * 2;
-  const int rounds = k_slice / kRoundK;
+  const int weight_lane = (row_tile * kWarpRows + g) * layout.weight_pitch + t * 16;
+  const int slice_lane = layout.slice_offset + g * layout.slice_pitch + t * Shape::kChunk * 2;
+  const int rounds = k_stage / kRoundK;
   const int first_rounds = (rounds + 1) / 2;
-  const int round_end = half == 0 ? first_rounds : rounds;
+  const int round_begin = half == 0 ? 0 : first_rounds, round_end = half == 0 ? first_rounds : rounds;
+  for (int stage = 0; stage < stages; ++stage) {
+    wait_async_copies_but<kBuffers - 1>();  // this thread's copies of the stage have landed
+    __syncthreads();                     // and every thread's
+    const unsigned char* buffer = buffer_of(stage);
+    const unsigned char* weight_g = buffer + weight_lane;
+    const unsigned char* weight_g8 = weight_g + 8 * layout.weight_pitch;
 #pragma unroll 2
-  for (int round = half == 0 ? 0 : first_rounds; round < round_end; ++round) {
-    uint32_t row_g[4], row_g8[4];
-    load_words(row_g, weight_g + round * 64);
-    load_words(row_g8, weight_g8 + round * 64);
-    uint32_t a[Shape::kSteps][4];
+    for (int round = round_begin; round < round_end; ++round) {
+      uint32_t row_g[4], row_g8[4];
+      load_words(row_g, weight_g + round * 64);
+      load_words(row_g8, weight_g8 + round * 64);
+      uint32_t a[Shape::kSteps][4];
 #pragma unroll
-    for (int s = 0; s < Shape::kSteps; ++s) a_fragment<K>(a[s], row_g, row_g8, s);
+      for (int s = 0; s < Shape::kSteps; ++s) a_fragment<K>(a[s], row_g, row_g8, s);
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const unsigned char* xv = slice_lane + j * 8 * layout.slice_pitch + round * kRoundK * 2;
-      uint32_t b[2 * Shape::kSteps];
+      for (int j = 0; j < NT; ++j) {
+        const unsigned char* xv = buffer + slice_lane + j * 8 * layout.slice_pitch + round * kRoundK * 2;
+        uint32_t b[2 * Shape::kSteps];
 #pragma unroll
-      for (int h = 0; h < Shape::kSteps / 2; ++h) {
-        const uint4 v = reinterpret_cast<const uint4*>(xv)[h];
-        b[4 * h] = v.x;
-        b[4 * h + 1] = v.y;
-        b[4 * h + 2] = v.z;
-        b[4 * h + 3] = v.w;
+        for (int h = 0; h < Shape::kSteps / 2; ++h) {
+          const uint4 v = reinterpret_cast<const uint4*>(xv)[h];
+          b[4 * h] = v.x;
+          b[4 * h + 1] = v.y;
+          b[4 * h + 2] = v.z;
+          b[4 * h + 3] = v.w;
+        }
+#pragma unroll
+        for (int s = 0; s < Shape::kSteps; ++s) mma_bf16(acc[j], a[s], b[2 * s], b[2 * s + 1]);
       }
-#pragma unroll
-      for (int s = 0; s < Shape::kSteps; ++s) mma_bf16(acc[j], a[s], b[2 * s], b[2 * s + 1]);
+    }
+    if constexpr (kStaged) {
+      if (stage + kBuffers < stages) {
+        __syncthreads();  // every warp is done with the buffer before it is refilled
+        copy_weights(stage + kBuffers);
+        copy_activations(stage + kBuffers);
+      }
+      commit_async_copies();
     }
   }
 
@@ -334,38 +373,61 @@ int resident_blocks(Kernel kernel, int splits, int bytes, int sm_count) {
 int row_tiles(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : n <= 64 ? 8 : 16; }
 
 // How a product is launched: its tiles' k split over `splits` blocks (0: the kernel does not take it), each
-// with `bytes` of shared memory.
+// block's slice multiplied in stages of `stage` k values, with `bytes` of shared memory a block.
 struct Plan {
-  int tiles = 0, splits = 0, bytes = 0;
+  int tiles = 0, splits = 0, stage = 0, bytes = 0;
 };
 
 // The fewest splits (a power of two up to kMaxSplits, slices a multiple of kSliceAlign) that give the launch a
-// block per SM, among those whose blocks all fit on the device at once: a block streams its whole slice in one
-// go, so a second wave of blocks would wait for the first one's latency. Without such a split for a block per
-// SM, the largest that fits in one wave; none at all: the kernel does not take the product (cuBLAS does). A
-// function of the shapes and the device.
+// block per SM, among those whose blocks all fit on the device at once: a second wave of blocks would wait for
+// the first one's latency. Without such a split, the largest that fits in one wave. Whole slices first (each
+// block's copies all in flight at once, nothing to pipeline: the plans runs 98-101 measured); where no split
+// fits one wave whole (the talker's gate/up and down), slices in stages, each split with its largest stage that
+// fits (a half, a quarter... of the slice, a round at least; kRing of them in flight). None at all: the kernel
+// does not take the product (cuBLAS does). A function of the shapes and the device.
 template <WeightKind K, int NT, bool kSwiglu>
 Plan plan(int k, int m) {
-  Plan chosen;
-  chosen.tiles = kSwiglu ? m / (kTileRows / 2) : m / kTileRows;
+  constexpr int kRoundK = 4 * ChunkShape<K>::kChunk;
+  const int tiles = kSwiglu ? m / (kTileRows / 2) : m / kTileRows;
   const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
   const int max_shared = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  auto kernel = tensor_core_linear_kernel<K, NT, kSwiglu>;
+  auto whole = tensor_core_linear_kernel<K, NT, kSwiglu, 1>;
+  auto staged = tensor_core_linear_kernel<K, NT, kSwiglu, kRing>;
   // Every launch may take up to the device's limit (graphs captured earlier keep launches of any size valid).
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared) != cudaSuccess) {
-    return chosen;
+  for (auto kernel : {whole, staged}) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared) != cudaSuccess) {
+      return Plan{};
+    }
   }
-  for (int splits = 1; splits <= kMaxSplits; splits *= 2) {
-    if (k % (splits * kSliceAlign) != 0) break;
-    const int bytes = SharedLayout(NT, k / splits, ChunkShape<K>::kBytes).bytes;
-    if (bytes > max_shared) continue;
-    const int blocks = chosen.tiles * splits;
-    if (blocks > resident_blocks(kernel, splits, bytes, sm_count)) continue;
-    chosen.splits = splits;
-    chosen.bytes = bytes;
-    if (blocks >= sm_count) break;
+  // The split's plan with the fewest stages from `first_stages` on that fits one wave (splits 0: none).
+  auto fitting = [&](int splits, int first_stages) {
+    const int k_slice = k / splits;
+    for (int stages = first_stages; k_slice % stages == 0 && (k_slice / stages) % kRoundK == 0; stages *= 2) {
+      const int bytes = SharedLayout(NT, k_slice, k_slice / stages, ChunkShape<K>::kBytes).bytes;
+      const int resident = resident_blocks(stages == 1 ? whole : staged, splits, bytes, sm_count);
+      if (bytes <= max_shared && tiles * splits <= resident) {
+        Plan p;
+        p.tiles = tiles;
+        p.splits = splits;
+        p.stage = k_slice / stages;
+        p.bytes = bytes;
+        return p;
+      }
+      if (stages == 1 && first_stages == 1) break;
+    }
+    return Plan{};
+  };
+  for (const int first_stages : {1, 2}) {
+    Plan chosen;
+    for (int splits = 1; splits <= kMaxSplits && k % (splits * kSliceAlign) == 0; splits *= 2) {
+      const Plan p = fitting(splits, first_stages);
+      if (p.splits == 0) continue;
+      chosen = p;
+      if (tiles * splits >= sm_count) break;
+    }
+    if (chosen.splits != 0) return chosen;
   }
-  return chosen;
+  return Plan{};
 }
 
 // Calls visit(K, NT, swiglu) as compile-time constants for the instantiated kernels.
@@ -425,11 +487,14 @@ cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const floa
                                cudaStream_t stream) {
   const Plan p = launch_plan(n, k, m, kind, swiglu);
   if (p.splits == 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
+  const int k_slice = k / p.splits;
   return dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) {
-    return launch_kernel_clustered(tensor_core_linear_kernel<k_kind, nt, glu>, dim3(p.tiles, p.splits),
-                                   dim3(kWarps * 32), p.bytes, p.splits, stream, static_cast<bf16*>(y),
-                                   static_cast<const bf16*>(x), static_cast<const uint8_t*>(w), scale,
-                                   static_cast<const bf16*>(bias), n, k, m, x_stride, y_stride, k / p.splits);
+    auto kernel = p.stage == k_slice ? tensor_core_linear_kernel<k_kind, nt, glu, 1>
+                                     : tensor_core_linear_kernel<k_kind, nt, glu, kRing>;
+    return launch_kernel_clustered(kernel, dim3(p.tiles, p.splits), dim3(kWarps * 32), p.bytes, p.splits, stream,
+                                   static_cast<bf16*>(y), static_cast<const bf16*>(x),
+                                   static_cast<const uint8_t*>(w), scale, static_cast<const bf16*>(bias), n, k, m,
+                                   x_stride, y_stride, k_slice, p.stage);
   });
 }
 
