@@ -12,8 +12,9 @@
 // - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
 //   (weights are never written), then its activation slice, so both stream in at once with nothing held in
 //   registers; the eight warps then read their fragments from shared memory. Where no plan fits one wave with
-//   whole slices (the talker's gate/up and down: 12-37 MB of weights), the slice goes through a ring of kRing
-//   stage buffers instead: the copies of the next stages stream while a stage is multiplied;
+//   whole slices (the talker's gate/up, 25 MB of fp8 weights), fp8 products of up to 8 rows send the slice
+//   through a ring of kRing stage buffers instead: the copies of the next stages stream while a stage is
+//   multiplied (`plan` says where stages won and lost);
 // - the mma's k index is permuted so that a lane's 16-byte chunk of a weight row holds exactly the k values of
 //   its A fragments, and the activations are read with the same permutation (a dot product does not depend on
 //   the order of its terms): one 16-byte shared load per row and k-chunk, no ldmatrix, no swizzle;
@@ -382,9 +383,9 @@ struct Plan {
 // block per SM, among those whose blocks all fit on the device at once: a second wave of blocks would wait for
 // the first one's latency. Without such a split, the largest that fits in one wave. Whole slices first (each
 // block's copies all in flight at once, nothing to pipeline: the plans runs 98-101 measured); where no split
-// fits one wave whole (the talker's gate/up and down), slices in stages, each split with its largest stage that
-// fits (a half, a quarter... of the slice, a round at least; kRing of them in flight). None at all: the kernel
-// does not take the product (cuBLAS does). A function of the shapes and the device.
+// fits one wave whole (the talker's gate/up and down), slices in stages where they win (below), each split with
+// its largest stage that fits (a half, a quarter... of the slice, a round at least; kRing of them in flight).
+// None at all: the kernel does not take the product (cuBLAS does). A function of the shapes and the device.
 template <WeightKind K, int NT, bool kSwiglu>
 Plan plan(int k, int m) {
   constexpr int kRoundK = 4 * ChunkShape<K>::kChunk;
@@ -417,7 +418,14 @@ Plan plan(int k, int m) {
     }
     return Plan{};
   };
+  // Stages only where they won (run 103, each product alone, weights cold, against cuBLAS and its SiLU * up):
+  // fp8 weights and one column tile (up to 8 rows; the talker's gate/up 12.8 against 17.9 us at 4 rows). With
+  // more rows, or bf16 weights, they lost (the gate/up 16.0 against 18.1 us at 16 fp8 rows but 34 against 18.8
+  // at 64, 20.8 against 18.1 at 16 bf16 rows; the down 16.1 against 12.1 at 16 bf16 rows), and so did the frame
+  // replays of 16 and 32 streams with them.
+  const bool stages_win = K == WeightKind::kFp8E4M3 && NT == 1;
   for (const int first_stages : {1, 2}) {
+    if (first_stages > 1 && !stages_win) break;
     Plan chosen;
     for (int splits = 1; splits <= kMaxSplits && k % (splits * kSliceAlign) == 0; splits *= 2) {
       const Plan p = fitting(splits, first_stages);
