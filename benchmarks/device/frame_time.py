@@ -1,5 +1,5 @@
-"""The frame for the code on PYTHONPATH: its graph's replay at 1, 4, 8, 16 and 64 streams, the single-stream RTF
-(with and without the codec), the time to first audio and the bench's 64-stream lockstep (aggregate and
+"""The frame for the code on PYTHONPATH: its graph's replay at 1, 4, 8, 16 and 64 streams, the single-stream
+RTF (with and without the codec), the time to first audio and the bench's 64-stream lockstep (aggregate and
 worst-stream RTF and the prefill's time, medians; host-bound on a slow host), exact and fast. Run it for
 two trees in one call to compare them on one machine (`--compare`), as `codec_packet_time.py` does for the
 codec.
@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 LOCKSTEP_FRAMES = 32  # the bench's --concurrency-frames in run_all.sh
+REPLAY_STREAMS = (1, 4, 8, 16, 64)
 
 
 def measure(args: argparse.Namespace) -> int:
@@ -33,7 +34,7 @@ def measure(args: argparse.Namespace) -> int:
     result = modes_result()
     for mode in args.modes:
         engine = load_timing_engine(timing_model, mode, 64)
-        figures = {f"frame_replay_{streams}_ms": frame_replay_ms(engine, streams) for streams in (1, 4, 8, 16, 64)}
+        figures = {f"frame_replay_{n}_ms": frame_replay_ms(engine, n) for n in REPLAY_STREAMS}
         measure_single(engine, 64, 1)
         single = measure_single(engine, 64, args.runs)
         figures["single_stream_rtf"] = single["rtf"]["median"]
