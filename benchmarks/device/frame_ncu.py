@@ -1,5 +1,6 @@
 """One frame graph's kernels under Nsight Compute (`ncu`): per kind of kernel (name and grid), its count,
-time, DRAM bytes and rate, L2 traffic, achieved occupancy and top warp stall reasons.
+time, DRAM bytes and rate, L2 traffic, achieved occupancy, issue-slot use, instructions (thousands of warp
+instructions a kernel) and top warp stall reasons.
 
 Why: at one stream the frame replays in ~3.0 ms (exact) against ~1.2 ms of weight reads; whether that time
 is inside the kernels (slow kernels: fix them) or between them (the kernels' sum is short of the replay:
@@ -39,6 +40,8 @@ METRICS = [
     "launch__block_size",
     "launch__registers_per_thread",
     "launch__occupancy_limit_registers",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "smsp__inst_executed.sum",
     f"regex:{STALL_PREFIX}.*{STALL_SUFFIX}",
 ]
 
@@ -114,7 +117,7 @@ def summarize(raw_csv: str, title: str) -> str:
         f"# {total_bytes / 1e9:.3f} GB read from DRAM: {total_bytes / max(total_ns, 1):.0f} GB/s over it",
         "",
         f"{'kernel':<62} {'grid':>6} {'n':>4} {'us each':>8} {'ms all':>7} {'GB/s':>6} {'L2 MB':>6} "
-        f"{'occ%':>5} {'regs':>4}  top stalls (cycles per issue)",
+        f"{'occ%':>5} {'issue%':>6} {'k inst':>7} {'regs':>4}  top stalls (cycles per issue)",
     ]
     ordered = sorted(groups.items(), key=lambda kv: -sum(number(r, "gpu__time_duration.sum") for r in kv[1]))
     for (name, grid, _block), members in ordered:
@@ -122,6 +125,8 @@ def summarize(raw_csv: str, title: str) -> str:
         read = sum(number(r, "dram__bytes_read.sum") for r in members)
         l2_bytes = sum(number(r, "lts__t_bytes.sum") for r in members)
         occupancy = sum(number(r, "sm__warps_active.avg.pct_of_peak_sustained_active") for r in members)
+        issue = sum(number(r, "smsp__issue_active.avg.pct_of_peak_sustained_active") for r in members)
+        instructions = sum(number(r, "smsp__inst_executed.sum") for r in members)
         stalls = {
             key.removeprefix(STALL_PREFIX).removesuffix(STALL_SUFFIX): sum(number(r, key) for r in members)
             / len(members)
@@ -131,7 +136,8 @@ def summarize(raw_csv: str, title: str) -> str:
         lines.append(
             f"{name:<62} {grid:>6} {len(members):>4} {ns / len(members) / 1e3:>8.2f} {ns / 1e6:>7.3f} "
             f"{read / max(ns, 1):>6.0f} {l2_bytes / len(members) / 1e6:>6.1f} "
-            f"{occupancy / len(members):>5.1f} "
+            f"{occupancy / len(members):>5.1f} {issue / len(members):>6.1f} "
+            f"{instructions / len(members) / 1e3:>7.0f} "
             f"{int(number(members[0], 'launch__registers_per_thread')):>4}  "
             + ", ".join(f"{k} {v:.1f}" for k, v in top)
         )
