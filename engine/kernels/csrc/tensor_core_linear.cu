@@ -379,63 +379,68 @@ struct Plan {
   int tiles = 0, splits = 0, stage = 0, bytes = 0;
 };
 
+// Whether a product of these weights and activation column tiles may run in stages: only where stages won (run
+// 103, each product alone, weights cold, against cuBLAS and its SiLU * up): fp8 weights and one column tile (up to
+// 8 rows; the talker's gate/up 12.8 against 17.9 us at 4 rows). With more rows, or bf16 weights, they lost (the
+// gate/up 16.0 against 18.1 us at 16 fp8 rows but 34 against 18.8 at 64, 20.8 against 18.1 at 16 bf16 rows; the
+// down 16.1 against 12.1 at 16 bf16 rows), and so did the frame replays of 16 and 32 streams with them. Only these
+// instantiations of the staged kernel are compiled.
+template <WeightKind K, int NT>
+constexpr bool kStagesWin = K == WeightKind::kFp8E4M3 && NT == 1;
+
 // The fewest splits (a power of two up to kMaxSplits, slices a multiple of kSliceAlign) that give the launch a
 // block per SM, among those whose blocks all fit on the device at once: a second wave of blocks would wait for
 // the first one's latency. Without such a split, the largest that fits in one wave. Whole slices first (each
 // block's copies all in flight at once, nothing to pipeline: the plans runs 98-101 measured); where no split
-// fits one wave whole (the talker's gate/up and down), slices in stages where they win (below), each split with
-// its largest stage that fits (a half, a quarter... of the slice, a round at least; kRing of them in flight).
-// None at all: the kernel does not take the product (cuBLAS does). A function of the shapes and the device.
+// fits one wave whole (the talker's gate/up) and stages win (kStagesWin), slices in stages, each split with its
+// largest stage that fits (a half, a quarter... of the slice, a round at least; kRing of them in flight). None at
+// all: the kernel does not take the product (cuBLAS does). A function of the shapes and the device.
 template <WeightKind K, int NT, bool kSwiglu>
 Plan plan(int k, int m) {
   constexpr int kRoundK = 4 * ChunkShape<K>::kChunk;
   const int tiles = kSwiglu ? m / (kTileRows / 2) : m / kTileRows;
   const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
   const int max_shared = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  auto whole = tensor_core_linear_kernel<K, NT, kSwiglu, 1>;
-  auto staged = tensor_core_linear_kernel<K, NT, kSwiglu, kRing>;
   // Every launch may take up to the device's limit (graphs captured earlier keep launches of any size valid).
-  for (auto kernel : {whole, staged}) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared) != cudaSuccess) {
-      return Plan{};
-    }
-  }
-  // The split's plan with the fewest stages from `first_stages` on that fits one wave (splits 0: none).
-  auto fitting = [&](int splits, int first_stages) {
-    const int k_slice = k / splits;
-    for (int stages = first_stages; k_slice % stages == 0 && (k_slice / stages) % kRoundK == 0; stages *= 2) {
-      const int bytes = SharedLayout(NT, k_slice, k_slice / stages, ChunkShape<K>::kBytes).bytes;
-      const int resident = resident_blocks(stages == 1 ? whole : staged, splits, bytes, sm_count);
-      if (bytes <= max_shared && tiles * splits <= resident) {
-        Plan p;
-        p.tiles = tiles;
-        p.splits = splits;
-        p.stage = k_slice / stages;
-        p.bytes = bytes;
-        return p;
-      }
-      if (stages == 1 && first_stages == 1) break;
-    }
-    return Plan{};
+  auto allow_max_shared = [&](auto kernel) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared) == cudaSuccess;
   };
-  // Stages only where they won (run 103, each product alone, weights cold, against cuBLAS and its SiLU * up):
-  // fp8 weights and one column tile (up to 8 rows; the talker's gate/up 12.8 against 17.9 us at 4 rows). With
-  // more rows, or bf16 weights, they lost (the gate/up 16.0 against 18.1 us at 16 fp8 rows but 34 against 18.8
-  // at 64, 20.8 against 18.1 at 16 bf16 rows; the down 16.1 against 12.1 at 16 bf16 rows), and so did the frame
-  // replays of 16 and 32 streams with them.
-  const bool stages_win = K == WeightKind::kFp8E4M3 && NT == 1;
-  for (const int first_stages : {1, 2}) {
-    if (first_stages > 1 && !stages_win) break;
+  // The plan of `splits` blocks a tile, each slice in `stages` stages of `kernel`, if its blocks fit one wave
+  // (else splits 0).
+  auto fitting = [&](auto kernel, int splits, int stages) {
+    const int k_slice = k / splits;
+    const int bytes = SharedLayout(NT, k_slice, k_slice / stages, ChunkShape<K>::kBytes).bytes;
+    if (bytes > max_shared || tiles * splits > resident_blocks(kernel, splits, bytes, sm_count)) return Plan{};
+    return Plan{tiles, splits, k_slice / stages, bytes};
+  };
+  // The fewest splits whose plan (`of_split(splits)`) gives a block per SM, else the most that have one.
+  auto fewest_splits = [&](auto&& of_split) {
     Plan chosen;
     for (int splits = 1; splits <= kMaxSplits && k % (splits * kSliceAlign) == 0; splits *= 2) {
-      const Plan p = fitting(splits, first_stages);
+      const Plan p = of_split(splits);
       if (p.splits == 0) continue;
       chosen = p;
       if (tiles * splits >= sm_count) break;
     }
-    if (chosen.splits != 0) return chosen;
+    return chosen;
+  };
+  auto whole_kernel = tensor_core_linear_kernel<K, NT, kSwiglu, 1>;
+  if (!allow_max_shared(whole_kernel)) return Plan{};
+  const Plan whole = fewest_splits([&](int splits) { return fitting(whole_kernel, splits, 1); });
+  if constexpr (kStagesWin<K, NT>) {
+    auto staged_kernel = tensor_core_linear_kernel<K, NT, kSwiglu, kRing>;
+    if (whole.splits == 0 && allow_max_shared(staged_kernel)) {
+      return fewest_splits([&](int splits) {
+        const int k_slice = k / splits;
+        for (int stages = 2; k_slice % stages == 0 && (k_slice / stages) % kRoundK == 0; stages *= 2) {
+          const Plan p = fitting(staged_kernel, splits, stages);
+          if (p.splits != 0) return p;
+        }
+        return Plan{};
+      });
+    }
   }
-  return Plan{};
+  return whole;
 }
 
 // Calls visit(K, NT, swiglu) as compile-time constants for the instantiated kernels.
@@ -497,8 +502,10 @@ cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const floa
   if (p.splits == 0 || x_stride % 8 != 0 || (swiglu && bias != nullptr)) return cudaErrorInvalidValue;
   const int k_slice = k / p.splits;
   return dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) {
-    auto kernel = p.stage == k_slice ? tensor_core_linear_kernel<k_kind, nt, glu, 1>
-                                     : tensor_core_linear_kernel<k_kind, nt, glu, kRing>;
+    auto kernel = tensor_core_linear_kernel<k_kind, nt, glu, 1>;
+    if constexpr (kStagesWin<k_kind, nt>) {
+      if (p.stage != k_slice) kernel = tensor_core_linear_kernel<k_kind, nt, glu, kRing>;
+    }
     return launch_kernel_clustered(kernel, dim3(p.tiles, p.splits), dim3(kWarps * 32), p.bytes, p.splits, stream,
                                    static_cast<bf16*>(y), static_cast<const bf16*>(x),
                                    static_cast<const uint8_t*>(w), scale, static_cast<const bf16*>(bias), n, k, m,
