@@ -66,19 +66,49 @@ __device__ __forceinline__ void wait_async_copies() {
 #endif
 }
 
-// Copy groups: `commit_async_copies` closes this thread's copies issued since the last commit into a group (an
-// empty group when there were none); `wait_async_copies_but<N>` returns once all but its N newest groups have
-// landed.
-__device__ __forceinline__ void commit_async_copies() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+// Bulk copies (TMA, sm_90+): one instruction moves `bytes` (a multiple of 16, both addresses 16-byte aligned) from
+// global memory to this block's shared memory, with no per-thread addresses, and counts them on a shared-memory
+// barrier (mbarrier). A barrier's phase ends once its one arrival (`expect_copy_bytes`, which also announces the
+// phase's bytes) has come and all those bytes have landed; threads wait for a phase by its parity.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Once per block, before the barrier is used (then a __syncthreads).
+__device__ __forceinline__ void init_copy_barrier(uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(shared_address(barrier)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
 
-template <int N>
-__device__ __forceinline__ void wait_async_copies_but() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+__device__ __forceinline__ void expect_copy_bytes(uint64_t* barrier, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void copy_bulk(void* shared, const void* global, uint32_t bytes, uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   shared_address(shared)),
+               "l"(global), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_copy_barrier(uint64_t* barrier, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(shared_address(barrier)),
+      "r"(parity)
+      : "memory");
 #endif
 }
 

@@ -12,9 +12,9 @@
 // - the block copies its weight slice to shared memory (cp.async) before it waits for the previous kernel
 //   (weights are never written), then its activation slice, so both stream in at once with nothing held in
 //   registers; the eight warps then read their fragments from shared memory. Where no plan fits one wave with
-//   whole slices (the talker's gate/up, 25 MB of fp8 weights), fp8 products of up to 8 rows send the slice
-//   through a ring of kRing stage buffers instead: the copies of the next stages stream while a stage is
-//   multiplied (`plan` says where stages won and lost);
+//   whole slices (the talker's gate/up, 25 MB of fp8 weights), products of up to 8 rows send the slice through
+//   a ring of kRing stage buffers instead, filled by bulk copies (TMA, a row an instruction) that stream while
+//   a stage is multiplied (`plan` says where stages won and lost);
 // - the mma's k index is permuted so that a lane's 16-byte chunk of a weight row holds exactly the k values of
 //   its A fragments, and the activations are read with the same permutation (a dot product does not depend on
 //   the order of its terms): one 16-byte shared load per row and k-chunk, no ldmatrix, no swizzle;
@@ -72,9 +72,9 @@ __host__ __device__ constexpr int pitch(int row_bytes, int column) {
 
 // The layout of a block's shared memory: up to kRing stage buffers, each the stage's weights [kTileRows, k_stage]
 // (weight elements) then its activations [row_tiles * 8, k_stage] bf16; after the products the block's partial
-// sums [kTileRows, row_tiles * 8 + 4] fp32 take the place of the first buffers.
+// sums [kTileRows, row_tiles * 8 + 4] fp32 take the place of the first buffers. Past both, a copy barrier a buffer.
 struct SharedLayout {
-  int weight_pitch, slice_pitch, slice_offset, stage_bytes, bytes;
+  int weight_pitch, slice_pitch, slice_offset, stage_bytes, barrier_offset, bytes;
   __host__ __device__ SharedLayout(int row_tiles, int k_slice, int k_stage, int weight_bytes) {
     const int column = weight_bytes == 2 ? 16 : 32;  // bytes of activations a lane reads per chunk
     weight_pitch = pitch(k_stage * weight_bytes, 16);
@@ -84,7 +84,8 @@ struct SharedLayout {
     const int stages = k_slice / k_stage;
     const int operands = (stages < kRing ? stages : kRing) * stage_bytes;
     const int sums = kTileRows * (row_tiles * 8 + 4) * 4;
-    bytes = operands > sums ? operands : sums;
+    barrier_offset = ((operands > sums ? operands : sums) + 7) / 8 * 8;
+    bytes = barrier_offset + kRing * 8;
   }
 };
 
@@ -153,54 +154,84 @@ __global__ void __launch_bounds__(kWarps * 32)
   const SharedLayout layout(NT, k_slice, k_stage, Shape::kBytes);
   constexpr bool kStaged = kBuffers > 1;
   const int stages = kStaged ? k_slice / k_stage : 1;
+  const int buffers = stages < kBuffers ? stages : kBuffers;
   const int64_t row_bytes = static_cast<int64_t>(k) * Shape::kBytes;
-  const int weight_vecs = k_stage * Shape::kBytes / 16;
-  const int x_vecs = k_stage / 8;
+  const int x_rows = n < NT * 8 ? n : NT * 8;  // activation rows copied; the tiles' other rows are zeros
+  const int weight_vecs = k_stage * Shape::kBytes / 16, x_vecs = k_stage / 8;  // 16-byte chunks of a row's stage
+  uint64_t* const barriers = reinterpret_cast<uint64_t*>(shared + layout.barrier_offset);
 
   // Stage s covers k = rank * k_slice + s * k_stage and the next k_stage values of the block's weight rows (64
   // consecutive, or for SwiGLU 32 gate rows then their up rows, m rows further) and of every activation row; it
-  // lands in buffer s % kBuffers.
+  // lands in buffer s % kBuffers. `copy_rows` copies `rows` rows of `vecs` chunks, row r from source(r):
+  // - whole slices: 16-byte cp.async copies, a row's address worked out once for all its chunks (run 106: ~15
+  //   address instructions a copy when each copy divided its index into row and chunk);
+  // - in stages: a bulk copy a row (TMA: one instruction, no per-thread addresses), row r issued by warp
+  //   r % kWarps, counted on the buffer's barrier, which completes a phase when all the stage's bytes are there.
+  //   Run 107: the talker's gate/up at 4 fp8 rows 12.7 -> 11.1 us; whole slices took 0.1-0.5 us more at 4 rows
+  //   with bulk copies (a barrier to set up and fewer copies in flight at once).
   auto buffer_of = [&](int stage) { return kStaged ? shared + (stage % kBuffers) * layout.stage_bytes : shared; };
-  auto copy_weights = [&](int stage) {
-    unsigned char* buffer = buffer_of(stage);
-    const int64_t first = (static_cast<int64_t>(rank) * k_slice + stage * k_stage) * Shape::kBytes;
-    for (int i = threadIdx.x; i < kTileRows * weight_vecs; i += kWarps * 32) {
-      const int r = i / weight_vecs, c = i - r * weight_vecs;
-      const int row = kSwiglu ? (r < kOutputs ? blockIdx.x * kOutputs + r : m + blockIdx.x * kOutputs + r - kOutputs)
-                              : blockIdx.x * kTileRows + r;
-      copy_async_16(buffer + r * layout.weight_pitch + c * 16, w + row * row_bytes + first + c * 16);
-    }
-  };
-  // Rows past n are zeros, stored once per buffer (at its first fill): no copy ever writes them.
-  auto copy_activations = [&](int stage) {
-    unsigned char* slice = buffer_of(stage) + layout.slice_offset;
-    const int first = rank * k_slice + stage * k_stage;
-    for (int i = threadIdx.x; i < NT * 8 * x_vecs; i += kWarps * 32) {
-      const int r = i / x_vecs, c = i - r * x_vecs;
-      unsigned char* dst = slice + r * layout.slice_pitch + c * 16;
-      if (r < n) {
-        copy_async_16(dst, x + static_cast<int64_t>(r) * x_stride + first + c * 8);
-      } else if (stage < kBuffers) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  auto copy_rows = [&](unsigned char* destination, int row_pitch, int rows, int vecs, auto&& source, int stage) {
+    if constexpr (kStaged) {
+      for (int r = warp + kWarps * lane; r < rows; r += kWarps * 32) {
+        copy_bulk(destination + r * row_pitch, source(r), vecs * 16, barriers + stage % kBuffers);
+      }
+    } else {
+      // A warp copies pass_rows rows at once, row_lanes lanes a row, each lane every row_lanes-th chunk.
+      const int row_lanes = vecs < 32 ? vecs : 32, pass_rows = 32 / row_lanes;
+      const int lane_row = lane / row_lanes, lane_column = lane - lane_row * row_lanes;
+      if (lane_row >= pass_rows) return;
+      for (int r = warp * pass_rows + lane_row; r < rows; r += kWarps * pass_rows) {
+        const unsigned char* from = source(r) + lane_column * 16;
+        unsigned char* to = destination + r * row_pitch + lane_column * 16;
+#pragma unroll 4
+        for (int c = lane_column; c < vecs; c += row_lanes) {
+          copy_async_16(to, from);
+          from += row_lanes * 16;
+          to += row_lanes * 16;
+        }
       }
     }
   };
+  auto copy_weights = [&](int stage) {
+    const uint8_t* first = w + (static_cast<int64_t>(rank) * k_slice + stage * k_stage) * Shape::kBytes;
+    copy_rows(buffer_of(stage), layout.weight_pitch, kTileRows, weight_vecs, [&](int r) {
+      const int row = kSwiglu ? (r < kOutputs ? blockIdx.x * kOutputs + r : m + blockIdx.x * kOutputs + r - kOutputs)
+                              : blockIdx.x * kTileRows + r;
+      return first + row * row_bytes;
+    }, stage);
+  };
+  auto copy_activations = [&](int stage) {
+    const unsigned char* first = reinterpret_cast<const unsigned char*>(x + rank * k_slice + stage * k_stage);
+    copy_rows(buffer_of(stage) + layout.slice_offset, layout.slice_pitch, x_rows, x_vecs,
+              [&](int r) { return first + static_cast<int64_t>(r) * x_stride * 2; }, stage);
+  };
+  // Rows past n are zeros, stored once in each buffer: no copy writes them.
+  auto zero_missing_rows = [&] {
+    const int missing = NT * 8 - x_rows;
+    for (int r = warp; r < buffers * missing; r += kWarps) {
+      const int buffer = r / missing, row = x_rows + r - buffer * missing;
+      unsigned char* to = shared + buffer * layout.stage_bytes + layout.slice_offset + row * layout.slice_pitch;
+      for (int c = lane; c < x_vecs; c += 32) *reinterpret_cast<uint4*>(to + c * 16) = make_uint4(0, 0, 0, 0);
+    }
+  };
 
-  // The first kBuffers stages' weights stream in before the wait (weights are never written), their activations
-  // after it; one copy group a stage and kind, empty ones past the last stage, so that before stage s is
-  // multiplied exactly kBuffers - 1 groups may still be in flight.
+  // The first buffers' weights stream in before the wait (weights are never written), their activations after
+  // it. In stages, thread 0 first sets up the buffers' barriers with their first phases' bytes.
   allow_next_kernel();
-#pragma unroll
-  for (int stage = 0; stage < kBuffers; ++stage) {
-    if (stage < stages) copy_weights(stage);
-    commit_async_copies();
+  if constexpr (kStaged) {
+    zero_missing_rows();
+    if (threadIdx.x == 0) {
+      for (int stage = 0; stage < buffers; ++stage) {
+        init_copy_barrier(barriers + stage);
+        expect_copy_bytes(barriers + stage, kTileRows * weight_vecs * 16 + x_rows * x_vecs * 16);
+      }
+    }
+    __syncthreads();
   }
+  for (int stage = 0; stage < buffers; ++stage) copy_weights(stage);
+  if constexpr (!kStaged) zero_missing_rows();
   wait_for_previous_kernel();
-#pragma unroll
-  for (int stage = 0; stage < kBuffers; ++stage) {
-    if (stage < stages) copy_activations(stage);
-    commit_async_copies();
-  }
+  for (int stage = 0; stage < buffers; ++stage) copy_activations(stage);
 
   float acc[NT][4];
 #pragma unroll
@@ -217,8 +248,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int first_rounds = (rounds + 1) / 2;
   const int round_begin = half == 0 ? 0 : first_rounds, round_end = half == 0 ? first_rounds : rounds;
   for (int stage = 0; stage < stages; ++stage) {
-    wait_async_copies_but<kBuffers - 1>();  // this thread's copies of the stage have landed
-    __syncthreads();                     // and every thread's
+    if constexpr (kStaged) {
+      wait_copy_barrier(barriers + stage % kBuffers, (stage / kBuffers) & 1);
+    } else {
+      wait_async_copies();  // this thread's copies have landed
+      __syncthreads();      // and every thread's
+    }
     const unsigned char* buffer = buffer_of(stage);
     const unsigned char* weight_g = buffer + weight_lane;
     const unsigned char* weight_g8 = weight_g + 8 * layout.weight_pitch;
@@ -248,11 +283,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if constexpr (kStaged) {
       if (stage + kBuffers < stages) {
+        // Thread 0 has seen the buffer's phase end: its arrival opens the next one.
+        if (threadIdx.x == 0) {
+          expect_copy_bytes(barriers + stage % kBuffers, kTileRows * weight_vecs * 16 + x_rows * x_vecs * 16);
+        }
         __syncthreads();  // every warp is done with the buffer before it is refilled
         copy_weights(stage + kBuffers);
         copy_activations(stage + kBuffers);
       }
-      commit_async_copies();
     }
   }
 
@@ -379,22 +417,24 @@ struct Plan {
   int tiles = 0, splits = 0, stage = 0, bytes = 0;
 };
 
-// Whether a product of these weights and activation column tiles may run in stages: only where stages won (run
-// 103, each product alone, weights cold, against cuBLAS and its SiLU * up): fp8 weights and one column tile (up to
-// 8 rows; the talker's gate/up 12.8 against 17.9 us at 4 rows). With more rows, or bf16 weights, they lost (the
-// gate/up 16.0 against 18.1 us at 16 fp8 rows but 34 against 18.8 at 64, 20.8 against 18.1 at 16 bf16 rows; the
-// down 16.1 against 12.1 at 16 bf16 rows), and so did the frame replays of 16 and 32 streams with them. Only these
+// Whether a product of these weights and activation column tiles may run in stages: only where stages won, one
+// column tile (up to 8 rows). Run 103 (cp.async stages, each product alone, weights cold, against cuBLAS and its
+// SiLU * up): the talker's gate/up 12.8 against 17.9 us at 4 fp8 rows, but 16.0 against 18.1 at 16 fp8 rows, 34
+// against 18.8 at 64, 20.8 against 18.1 at 16 bf16 rows, and the frame replays of 16 and 32 streams lost with
+// them. Run 107 (bulk-copy stages): at 4 rows the gate/up 11.1 (fp8) and 15.2 us (bf16, cuBLAS 17.8), the bf16
+// down 10.7 (cuBLAS 11.8); exact frames of 4 and 8 streams 0.8 and 1.1% shorter with the bf16 ones. Only these
 // instantiations of the staged kernel are compiled.
-template <WeightKind K, int NT>
-constexpr bool kStagesWin = K == WeightKind::kFp8E4M3 && NT == 1;
+template <int NT>
+constexpr bool kStagesWin = NT == 1;
 
 // The fewest splits (a power of two up to kMaxSplits, slices a multiple of kSliceAlign) that give the launch a
 // block per SM, among those whose blocks all fit on the device at once: a second wave of blocks would wait for
 // the first one's latency. Without such a split, the largest that fits in one wave. Whole slices first (each
 // block's copies all in flight at once, nothing to pipeline: the plans runs 98-101 measured); where no split
-// fits one wave whole (the talker's gate/up) and stages win (kStagesWin), slices in stages, each split with its
-// largest stage that fits (a half, a quarter... of the slice, a round at least; kRing of them in flight). None at
-// all: the kernel does not take the product (cuBLAS does). A function of the shapes and the device.
+// fits one wave whole (the talker's gate/up, its bf16 down) and stages win (kStagesWin), slices in stages, each
+// split with its largest stage that fits (a half, a quarter... of the slice, a round at least; kRing of them in
+// flight). None at all: the kernel does not take the product (cuBLAS does). A function of the shapes and the
+// device.
 template <WeightKind K, int NT, bool kSwiglu>
 Plan plan(int k, int m) {
   constexpr int kRoundK = 4 * ChunkShape<K>::kChunk;
@@ -427,7 +467,7 @@ Plan plan(int k, int m) {
   auto whole_kernel = tensor_core_linear_kernel<K, NT, kSwiglu, 1>;
   if (!allow_max_shared(whole_kernel)) return Plan{};
   const Plan whole = fewest_splits([&](int splits) { return fitting(whole_kernel, splits, 1); });
-  if constexpr (kStagesWin<K, NT>) {
+  if constexpr (kStagesWin<NT>) {
     auto staged_kernel = tensor_core_linear_kernel<K, NT, kSwiglu, kRing>;
     if (whole.splits == 0 && allow_max_shared(staged_kernel)) {
       return fewest_splits([&](int splits) {
@@ -503,7 +543,7 @@ cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const floa
   const int k_slice = k / p.splits;
   return dispatch(kind, n, swiglu, [&](auto k_kind, auto nt, auto glu) {
     auto kernel = tensor_core_linear_kernel<k_kind, nt, glu, 1>;
-    if constexpr (kStagesWin<k_kind, nt>) {
+    if constexpr (kStagesWin<nt>) {
       if (p.stage != k_slice) kernel = tensor_core_linear_kernel<k_kind, nt, glu, kRing>;
     }
     return launch_kernel_clustered(kernel, dim3(p.tiles, p.splits), dim3(kWarps * 32), p.bytes, p.splits, stream,
