@@ -8,10 +8,13 @@
 #     | tar -x -C /tmp/t && mkdir .whl/tree-<name> && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
 # CODEC_TREES also times those trees' codec packets against the checkout's (codec_packet_time.py, waveforms
 # compared); PARITY_TREES runs those trees' graph parity tests (tests/device/test_graph_parity.py, full snapshot).
-# RUNS: frame_time's timed single-stream requests per mode (default 3). TEST_TREES: the trees whose kernel
+# RUNS: frame_time's timed single-stream requests per mode (default 3). ROUNDS: frame_time rounds, the checkout
+# and the trees in turn each round (default 1; with more, tags <name><round> and one comparison a round: a
+# machine drifts, and a fixed order would charge the drift to one tree). KBENCH_TABLES: kernel_bench.py tables
+# run for the checkout and each tree (e.g. products_in_graph; default none). TEST_TREES: the trees whose kernel
 # device tests run (default: all of TREES; "" when run_all.sh's tests phase covers the same kernels).
-# Usage: TREES="attn sampler" [RUNS=3] [CODEC_TREES="attn"] [PARITY_TREES="attn"] [TEST_TREES="attn"] [BUDGET_S=540] \
-#   bash benchmarks/device/ab_trees.sh
+# Usage: TREES="attn sampler" [RUNS=3] [ROUNDS=2] [KBENCH_TABLES=products_in_graph] [CODEC_TREES="attn"] \
+#   [PARITY_TREES="attn"] [TEST_TREES="attn"] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
@@ -54,14 +57,31 @@ for name in $PARITY_TREES; do
       python3 -m pytest -q tests/device/test_graph_parity.py -p no:cacheprovider 2>&1 | tail -6 )
 done
 
-for name in checkout $TREES; do
-  echo "=== frame_time: $name ($(left)s left)"
-  ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
-      python3 frame_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$name" --runs "${RUNS:-3}" 2>&1 | tail -4 )
+if [ -n "${KBENCH_TABLES:-}" ]; then
+  for name in checkout $TREES; do
+    echo "=== kernel_bench $KBENCH_TABLES: $name ($(left)s left)"
+    ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 90)" \
+        python3 kernel_bench.py --batches 1,4,64 --tables "$KBENCH_TABLES" --out "$RESULTS/kernel-bench-$name.json" \
+        2>&1 | tail -60 )
+  done
+fi
+
+ROUNDS=${ROUNDS:-1}
+tag() { (( ROUNDS > 1 )) && echo "$1$2" || echo "$1"; }
+for round in $(seq 1 "$ROUNDS"); do
+  for name in checkout $TREES; do
+    echo "=== frame_time: $(tag "$name" "$round") ($(left)s left)"
+    ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
+        python3 frame_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$(tag "$name" "$round")" \
+        --runs "${RUNS:-3}" 2>&1 | tail -4 )
+  done
 done
-for name in $TREES; do
-  echo "=== $name against the checkout"
-  ( cd "$ROOT/benchmarks/device" && python3 frame_time.py --compare "$RESULTS" checkout "$name" )
+for round in $(seq 1 "$ROUNDS"); do
+  for name in $TREES; do
+    echo "=== $(tag "$name" "$round") against $(tag checkout "$round")"
+    ( cd "$ROOT/benchmarks/device" && python3 frame_time.py --compare "$RESULTS" "$(tag checkout "$round")" \
+        "$(tag "$name" "$round")" )
+  done
 done
 if [ -n "$CODEC_TREES" ]; then
   for name in checkout $CODEC_TREES; do
