@@ -49,12 +49,16 @@ __device__ __forceinline__ void begin_dependent_kernel() {
   allow_next_kernel();
 }
 
+// The shared-memory window address of a pointer into shared memory, as PTX shared-state spaces take it.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // A 16-byte copy from global to shared memory that does not wait for its data (cp.async, sm_80+), and the
 // wait for all of this thread's copies.
 __device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared)), "l"(global));
 #else
   *static_cast<Bf16x8*>(shared) = *static_cast<const Bf16x8*>(global);
 #endif
@@ -70,9 +74,6 @@ __device__ __forceinline__ void wait_async_copies() {
 // global memory to this block's shared memory, with no per-thread addresses, and counts them on a shared-memory
 // barrier (mbarrier). A barrier's phase ends once its one arrival (`expect_copy_bytes`, which also announces the
 // phase's bytes) has come and all those bytes have landed; threads wait for a phase by its parity.
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Once per block, before the barrier is used (then a __syncthreads).
 __device__ __forceinline__ void init_copy_barrier(uint64_t* barrier) {

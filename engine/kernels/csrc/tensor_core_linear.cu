@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row_bytes = static_cast<int64_t>(k) * Shape::kBytes;
   const int x_rows = n < NT * 8 ? n : NT * 8;  // activation rows copied; the tiles' other rows are zeros
   const int weight_vecs = k_stage * Shape::kBytes / 16, x_vecs = k_stage / 8;  // 16-byte chunks of a row's stage
+  const uint32_t stage_copy_bytes = (kTileRows * weight_vecs + x_rows * x_vecs) * 16;  // a staged barrier's phase
   uint64_t* const barriers = reinterpret_cast<uint64_t*>(shared + layout.barrier_offset);
 
   // Stage s covers k = rank * k_slice + s * k_stage and the next k_stage values of the block's weight rows (64
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (threadIdx.x == 0) {
       for (int stage = 0; stage < buffers; ++stage) {
         init_copy_barrier(barriers + stage);
-        expect_copy_bytes(barriers + stage, kTileRows * weight_vecs * 16 + x_rows * x_vecs * 16);
+        expect_copy_bytes(barriers + stage, stage_copy_bytes);
       }
     }
     __syncthreads();
@@ -284,9 +285,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if constexpr (kStaged) {
       if (stage + kBuffers < stages) {
         // Thread 0 has seen the buffer's phase end: its arrival opens the next one.
-        if (threadIdx.x == 0) {
-          expect_copy_bytes(barriers + stage % kBuffers, kTileRows * weight_vecs * 16 + x_rows * x_vecs * 16);
-        }
+        if (threadIdx.x == 0) expect_copy_bytes(barriers + stage % kBuffers, stage_copy_bytes);
         __syncthreads();  // every warp is done with the buffer before it is refilled
         copy_weights(stage + kBuffers);
         copy_activations(stage + kBuffers);
