@@ -461,10 +461,14 @@ def scatter_rows_(targets: list[Tensor], index: Tensor, sources: list[Tensor]) -
     reference.scatter_rows_([targets[i] for i in rest], index, [sources[i] for i in rest])
 
 
-def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor) -> Tensor:
+def frame_embedding(
+    codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor, code_rows: Tensor | None = None
+) -> Tensor:
     """`reference.frame_embedding` (the talker's decode-step input) in one kernel instead of G gathers, a
-    stack, a sum and an add. Tolerance: the fp32 sum runs in codebook order where torch's reduction may
-    group it otherwise, so an element can round 1 bf16 ulp apart before the text is added."""
+    stack, a sum and an add. Row r embeds codes[code_rows[r]] when `code_rows` is given (the kernel reads
+    each slot's last frame in place, no gather before it). Tolerance: the fp32 sum runs in codebook order
+    where torch's reduction may group it otherwise, so an element can round 1 bf16 ulp apart before the text
+    is added."""
     ext = _ext(codes, first_table, tables, text, dtype=None)
     fits = (
         ext is not None
@@ -475,12 +479,20 @@ def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Te
         and tables.dim() == 3
         and tables.shape[0] == codes.shape[1] - 1
         and text.shape[-1] % 8 == 0
+        and (code_rows is None or (code_rows.dtype == torch.int64 and code_rows.device == codes.device))
     )
     rows = _rows(text) if fits else None
     if ext is None or rows is None:
-        return reference.frame_embedding(codes, first_table, tables, text)
+        return reference.frame_embedding(codes, first_table, tables, text, code_rows)
     out = torch.empty(text.shape, dtype=text.dtype, device=text.device)
-    ext.frame_embedding(out, codes.contiguous(), first_table.contiguous(), tables.contiguous(), rows)
+    ext.frame_embedding(
+        out,
+        codes.contiguous(),
+        None if code_rows is None else code_rows.contiguous(),
+        first_table.contiguous(),
+        tables.contiguous(),
+        rows,
+    )
     return out
 
 

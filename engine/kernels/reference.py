@@ -139,10 +139,14 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return layers.swiglu(gate, up)
 
 
-def frame_embedding(codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor) -> Tensor:
-    """The talker's decode-step input [B, H]: the G codebooks' embeddings of codes [B, G] summed
-    (first_table for codebook 0, tables [G - 1, vocab, H] for the others), plus text [B, H]."""
-    return layers.summed_embeddings(codes, [first_table, *tables.unbind(0)]) + text
+def frame_embedding(
+    codes: Tensor, first_table: Tensor, tables: Tensor, text: Tensor, code_rows: Tensor | None = None
+) -> Tensor:
+    """The talker's decode-step input [B, H]: the G codebooks' embeddings of codes [B, G] (rows code_rows
+    [B] of codes when given) summed (first_table for codebook 0, tables [G - 1, vocab, H] for the others),
+    plus text [B, H]."""
+    chosen = codes if code_rows is None else codes.index_select(0, code_rows)
+    return layers.summed_embeddings(chosen, [first_table, *tables.unbind(0)]) + text
 
 
 def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:

@@ -48,7 +48,7 @@ from .modes import Mode, resolve_mode
 from .request import AudioPacket, FrameResult, SynthesisRequest, validate_request
 from .sampling import EOS_BAN_FRAMES, SamplingRows
 from .session import UNIFORM_BLOCK_FRAMES, Session
-from .step import EagerFrameBackend, FrameBackend, SlotState
+from .step import EagerFrameBackend, FrameBackend, SlotState, StepIndex
 
 
 @dataclass(frozen=True)
@@ -615,15 +615,12 @@ class VoiceDesignEngine:
         return start + frame % block
 
     def _step_index(self, sessions: list[Session], positions: list[int]) -> Tensor:
-        """The batch's `StepIndex` rows on the host: positions, slots, frames generated, uniform rows."""
-        return torch.tensor(
-            [
-                positions,
-                [s.slot for s in sessions],
-                [s.frames_launched for s in sessions],
-                [self._uniform_index(s) for s in sessions],
-            ],
-            dtype=torch.int64,
+        """The batch's `StepIndex` table on the host."""
+        return StepIndex.host_table(
+            positions,
+            [s.slot for s in sessions],
+            [s.frames_launched for s in sessions],
+            [self._uniform_index(s) for s in sessions],
         )
 
     def _batch_sampling(self, sessions: list[Session]) -> tuple[SamplingRows, SamplingRows]:

@@ -3,9 +3,10 @@
 A frame (talker step + cb0 draw + the 15 predictor steps and draws) is captured once per batch-size
 bucket (1, 2, 4, 8, 16, 32, 64) and replayed: one launch per frame instead of ~1,200, and no host
 synchronisation inside it. A step's per-row integers (`step.StepIndex`: positions, slots, frames generated,
-uniform rows) go up in one copy into the bucket's static index and its text rows into a static buffer; the
-graph itself gathers the rows' last codes, cb0 histories and uniforms from the engine's `step.SlotState` and
-records the new codes there, so no other host op surrounds a replay. Sessions may sit at different positions
+uniform rows, lengths) go up in one copy into the bucket's static index and its text rows into a static
+buffer; the graph itself reads the rows' last codes, cb0 histories and uniforms from the engine's
+`step.SlotState` (the gathers on a side stream, beside the talker) and records the new codes there, so no
+other host op surrounds a replay. Sessions may sit at different positions
 (ragged), and padded rows of a partly filled bucket run on the cache's scratch slot (the last one) at
 position 0, so they never touch a live session.
 
@@ -42,7 +43,8 @@ are re-pointed at row slices of them, so a backend adds only its 8-bit copies (f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -66,6 +68,10 @@ if TYPE_CHECKING:
 
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
+HISTORY_BESIDE_MIN_ROWS = 64
+"""Rows from which a decode frame records the cb0 history on its side stream, beside the last codes' record.
+H200, frame replays in alternating processes (benchmarks/results/2026-12-03-run109): at 64 rows 5.26 ->
+5.08-5.11 ms in both modes; at 4-16 rows no change; at one row 2.256 -> 2.280 ms in fast mode."""
 PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
 on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
@@ -503,6 +509,8 @@ class KernelFrame:
             batch: _PredictorIndex.of(batch, self.groups, self.codebook_tables.device) for batch in BUCKETS
         }
         self.predictor_shape = (len(predictor.layers), pc.num_key_value_heads, self.groups + 1, pc.head_dim)
+        self._predictor_kv: tuple[Tensor, Tensor] | None = None
+        self._side = _SideStream(self.codebook_tables.device)
 
     def prefill_hidden(self, prompt: Tensor, slot: Tensor, cache: KVCache) -> Tensor:
         """One prompt [L, H] into cache slot `slot` [1]: its last token's post-norm hidden [1, H]."""
@@ -562,13 +570,15 @@ class KernelFrame:
         cache: KVCache,
         *,
         distinct_slots: bool,
+        lengths: Tensor | None = None,
         span: int | None = None,
         sequences: PromptSequences | None = None,
     ) -> Tensor:
         """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
         post-norm hidden [N, H]. `distinct_slots`: the rows are different sessions (a decode frame; padded
         rows share the scratch slot at position 0, where they read nothing another row writes), not the
-        tokens of one prompt. `span` and `sequences`: as `_run_blocks`'s."""
+        tokens of one prompt. `lengths`: positions + 1, when the caller has it. `span` and `sequences`: as
+        `_run_blocks`'s."""
         x = embeds.contiguous()
         t = self.talker
         residual, delta = _run_blocks(
@@ -578,7 +588,7 @@ class KernelFrame:
             t.rope_cos,
             t.rope_sin,
             positions,
-            positions + 1,
+            positions + 1 if lengths is None else lengths,
             slots,
             cache.k,
             cache.v,
@@ -594,9 +604,7 @@ class KernelFrame:
         then 14 steps."""
         batch = hidden.shape[0]
         device = hidden.device
-        layers, kv_heads, length, head_dim = self.predictor_shape
-        cache_k = torch.zeros(layers, batch, kv_heads, length, head_dim, dtype=hidden.dtype, device=device)
-        cache_v = torch.zeros_like(cache_k)
+        cache_k, cache_v = self._predictor_cache(hidden)
         p = self.predictor
         blocks, eps, scale = self.predictor_blocks, self.predictor_eps, self.predictor_scale
         final = p.norm.weight
@@ -643,6 +651,25 @@ class KernelFrame:
             )
             logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps)
 
+    def _predictor_cache(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """The predictor's K and V caches for the rows of `hidden`, [layers, B, kv heads, positions, head
+        dim] each. A frame writes every position before any step reads it, so one pair made for the largest
+        bucket serves every frame of up to that many rows (views of its first rows) without zeroing kernels
+        in each; it is made by the first call outside a graph capture (a capture's warm-up), not kept in a
+        graph's memory pool. Other batches get zeros of their own."""
+        batch = hidden.shape[0]
+        kept = self._predictor_kv
+        if kept is not None and batch <= kept[0].shape[1] and kept[0].dtype == hidden.dtype:
+            return kept[0][:, :batch], kept[1][:, :batch]
+        layers, kv_heads, length, head_dim = self.predictor_shape
+        rows = max(batch, BUCKETS[-1])
+        cache = torch.zeros(
+            2, layers, rows, kv_heads, length, head_dim, dtype=hidden.dtype, device=hidden.device
+        )
+        if not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._predictor_kv = (cache[0], cache[1])
+        return cache[0][:, :batch], cache[1][:, :batch]
+
     def _predictor_index(self, batch: int, device: torch.device) -> _PredictorIndex:
         """The bucket sizes' indices were made with the frame; another batch (an eager frame) makes its own.
         One made during a graph capture would live in the graph's memory pool, so it is not kept."""
@@ -675,19 +702,6 @@ class KernelFrame:
         self._predict(hidden, cb0_embed, rows, codes)
         return codes
 
-    def decode_frames(
-        self,
-        cache: KVCache,
-        previous_codes: Tensor,
-        text: Tensor,
-        positions: Tensor,
-        slots: Tensor,
-        rows: FrameRows,
-    ) -> Tensor:
-        embeds = ops.frame_embedding(previous_codes, self.talker.codec_embedding, self.codebook_tables, text)
-        hidden = self.talker_hidden(embeds, positions, slots, cache, distinct_slots=True)
-        return self.complete_frames(hidden, rows)
-
     def decode_step(
         self,
         cache: KVCache,
@@ -696,15 +710,67 @@ class KernelFrame:
         text: Tensor,
         sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
-        """`decode_frames` on inputs gathered from `state`, its codes recorded there: what a decode graph
-        captures, so a replay needs no host op around it but the index's upload and the text rows."""
-        previous = state.previous_codes(index)
-        return step.recorded_frames(
-            state,
-            index,
-            sampling,
-            lambda rows: self.decode_frames(cache, previous, text, index.positions, index.slots, rows),
+        """`step.decode_frames` on inputs gathered from `state`, its codes recorded there
+        (`step.recorded_frames`): what a decode graph captures, so a replay needs no host op around it but
+        the index's upload and the text rows.
+
+        The talker's input reads each slot's last codes in place (`ops.frame_embedding`'s code rows), and the
+        sampling rows' gathers run beside the talker on a second stream (`_SideStream`), where the frame's
+        chain would wait for each in turn; from `HISTORY_BESIDE_MIN_ROWS` rows the cb0 history is also
+        recorded there, beside the last codes."""
+        side = self._side
+        rows = state.frame_rows(index, sampling, side.gather)
+        t = self.talker
+        embeds = ops.frame_embedding(
+            state.last_codes, t.codec_embedding, self.codebook_tables, text, index.slots
         )
+        hidden = self.talker_hidden(
+            embeds, index.positions, index.slots, cache, distinct_slots=True, lengths=index.lengths
+        )
+        side.join()
+        codes = self.complete_frames(hidden, rows)
+        if codes.shape[0] < HISTORY_BESIDE_MIN_ROWS:
+            state.record(index, codes)
+            return codes
+        with side.run():
+            state.record_history(index, codes)
+        state.record_codes(index, codes)
+        side.join()
+        return codes
+
+
+class _SideStream:
+    """A second CUDA stream for a frame's small ops that its chain of kernels need not wait for, forked from
+    the current stream and joined back into it (inside a graph capture too: the ops become a branch of the
+    graph). Off CUDA the ops run in order on the current stream.
+
+    Ops run here write only tensors allocated on the current stream (`gather` allocates before it forks), so
+    the caching allocator never hands their memory to other work before the join."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @contextmanager
+    def run(self) -> Iterator[None]:
+        """The block's ops on the side stream, after the current stream's work so far."""
+        if self._stream is None:
+            yield
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
+        with torch.cuda.stream(self._stream):
+            yield
+
+    def gather(self, table: Tensor, rows: Tensor) -> Tensor:
+        """table's rows `rows` (along dim 0), taken on the side stream; read them after `join`."""
+        out = table.new_empty((rows.shape[0], *table.shape[1:]))
+        with self.run():
+            torch.index_select(table, 0, rows, out=out)
+        return out
+
+    def join(self) -> None:
+        """The current stream waits for the side stream's ops so far."""
+        if self._stream is not None:
+            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
 
 
 class KernelFrameBackend:
@@ -794,6 +860,7 @@ class _DecodeStatic:
     def allocate(cls, batch: int, template: SamplingRows, like: Tensor, scratch: int) -> _DecodeStatic:
         index = torch.zeros(StepIndex.ROWS, batch, dtype=torch.int64, device=like.device)
         index[1].fill_(scratch)
+        index[4].fill_(1)
         return cls(
             index=index,
             text=like.new_zeros(batch, like.shape[-1]),
@@ -803,11 +870,12 @@ class _DecodeStatic:
         )
 
     def load(self, index: Tensor, text: list[Tensor], sampling: tuple[SamplingRows, SamplingRows]) -> None:
-        """The batch's host index [4, n] (one upload, with the padding columns), text and sampling rows."""
+        """The batch's host index [5, n] (one upload, with the padding columns), text and sampling rows."""
         n = index.shape[1]
         table = torch.zeros(self.index.shape, dtype=torch.int64)
         table[:, :n] = index
         table[1, n:] = self.scratch
+        table[4, n:] = 1
         upload_into(self.index, table)
         torch.stack(text, out=self.text[:n])
         self.loaded = _load_sampling(

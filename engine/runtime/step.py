@@ -45,13 +45,23 @@ class FrameRows:
 
 @dataclass(frozen=True)
 class StepIndex:
-    """A batch's per-row integers, one int64 tensor [4, B] (one upload): the talker position of the row's
-    new token (decode steps), its cache slot, its frames generated so far (the EOS ban), and its row of
-    `SlotState.uniforms`."""
+    """A batch's per-row integers, one int64 tensor [5, B] (one upload): the talker position of the row's
+    new token (decode steps), its cache slot, its frames generated so far (the EOS ban), its row of
+    `SlotState.uniforms`, and the keys its new token attends to (position + 1: made on the host, so a frame
+    graph has no kernel for it)."""
 
     table: Tensor
 
-    ROWS = 4  # the table's rows (a class constant, not a field)
+    ROWS = 5  # the table's rows (a class constant, not a field)
+
+    @staticmethod
+    def host_table(
+        positions: list[int], slots: list[int], frames: list[int], uniform_rows: list[int]
+    ) -> Tensor:
+        """The table of a batch on the host."""
+        return torch.tensor(
+            [positions, slots, frames, uniform_rows, [p + 1 for p in positions]], dtype=torch.int64
+        )
 
     @property
     def positions(self) -> Tensor:
@@ -68,6 +78,10 @@ class StepIndex:
     @property
     def uniform_rows(self) -> Tensor:
         return self.table[3]
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.table[4]
 
 
 @dataclass(frozen=True)
@@ -109,11 +123,20 @@ class SlotState:
         grown.uniforms.copy_(self.uniforms)
         return grown
 
-    def frame_rows(self, index: StepIndex, sampling: tuple[SamplingRows, SamplingRows]) -> FrameRows:
-        """The sampling rows of the batch `index` (sampling: its talker and predictor rows)."""
+    def frame_rows(
+        self,
+        index: StepIndex,
+        sampling: tuple[SamplingRows, SamplingRows],
+        gather: Callable[[Tensor, Tensor], Tensor] | None = None,
+    ) -> FrameRows:
+        """The sampling rows of the batch `index` (sampling: its talker and predictor rows). `gather(table,
+        rows)` takes a table's rows along dim 0 (index_select when None; a graph frame takes them on a
+        second stream)."""
+        if gather is None:
+            gather = _rows_of
         return FrameRows(
-            uniforms=self.uniforms.index_select(0, index.uniform_rows),
-            cb0_history=self.cb0_history.index_select(0, index.slots),
+            uniforms=gather(self.uniforms, index.uniform_rows),
+            cb0_history=gather(self.cb0_history, index.slots),
             frames_generated=index.frames_generated,
             talker_sampling=sampling[0],
             predictor_sampling=sampling[1],
@@ -126,8 +149,20 @@ class SlotState:
     def record(self, index: StepIndex, codes: Tensor) -> None:
         """A batch's new frames codes [B, 16]: each row's cb0 into its slot's history, its codes as the
         slot's last frame."""
+        self.record_history(index, codes)
+        self.record_codes(index, codes)
+
+    def record_history(self, index: StepIndex, codes: Tensor) -> None:
+        """`record`'s first half: each row's cb0 into its slot's history."""
         self.cb0_history.index_put_((index.slots, codes[:, 0]), self.true)
+
+    def record_codes(self, index: StepIndex, codes: Tensor) -> None:
+        """`record`'s second half: each row's codes as its slot's last frame."""
         self.last_codes.index_copy_(0, index.slots, codes)
+
+
+def _rows_of(table: Tensor, rows: Tensor) -> Tensor:
+    return table.index_select(0, rows)
 
 
 def recorded_frames(
@@ -213,7 +248,7 @@ def decode_frames(
 class FrameBackend(Protocol):
     """What `VoiceDesignEngine` calls to compute frames; a CUDA-graph backend replaces the eager one.
 
-    Both entries take the batch's per-row integers as a host tensor [4, B] (`StepIndex`'s rows; a backend
+    Both entries take the batch's per-row integers as a host tensor [5, B] (`StepIndex`'s rows; a backend
     uploads them where its frame reads them), gather the rows' inputs from the engine's `SlotState` and
     record the frames' codes into it. scratch_slots: cache slots the backend needs beyond the engine's
     sessions (the engine never hands them out). The codes both entries return may be a buffer that the

@@ -307,6 +307,11 @@ def test_frame_embedding(ext, rows: int) -> None:  # type: ignore[no-untyped-def
     zeroed[2] = 0
     guarded = ops.frame_embedding(outside, first, tables, text)
     assert torch.equal(guarded, ops.frame_embedding(codes, first, zeroed, text))
+    # Rows of a larger table read in place (a decode frame's slots) embed as those rows gathered first.
+    slots = torch.randperm(rows + 3, generator=g, device="cuda")[:rows]
+    table = torch.randint(0, 2048, (rows + 3, 16), generator=g, device="cuda")
+    table[slots] = codes
+    assert torch.equal(ops.frame_embedding(table, first, tables, text, slots), out)
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 2048), (9733, 2048), (600, 6144), (64, 1024), (3, 8)])

@@ -262,15 +262,17 @@ def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
     four = SamplingRows.cat([one] * 4)
     text = [torch.full((8,), float(i)) for i in range(4)]
     static.load(
-        torch.tensor([[5, 6, 7, 8], [0, 1, 2, 3], [1, 1, 1, 1], [0, 64, 128, 192]]), text, (four, four)
+        StepIndex.host_table([5, 6, 7, 8], [0, 1, 2, 3], [1, 1, 1, 1], [0, 64, 128, 192]), text, (four, four)
     )
     index = StepIndex(static.index)
     assert index.slots.tolist() == [0, 1, 2, 3] and index.positions.tolist() == [5, 6, 7, 8]
     assert index.uniform_rows.tolist() == [0, 64, 128, 192] and static.text[:, 0].tolist() == [0, 1, 2, 3]
+    assert index.lengths.tolist() == [6, 7, 8, 9]
     two = SamplingRows.cat([one] * 2)
-    static.load(torch.tensor([[1, 2], [3, 0], [2, 2], [193, 1]]), text[2:], (two, two))
+    static.load(StepIndex.host_table([1, 2], [3, 0], [2, 2], [193, 1]), text[2:], (two, two))
     assert index.slots.tolist() == [3, 0, 9, 9] and index.positions.tolist() == [1, 2, 0, 0]
     assert index.uniform_rows.tolist() == [193, 1, 0, 0] and index.frames_generated.tolist() == [2, 2, 0, 0]
+    assert index.lengths.tolist() == [2, 3, 1, 1]
 
 
 def test_a_padded_decode_row_records_only_into_the_scratch_slot(

@@ -227,6 +227,9 @@ def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fast_frame_matches_the_reference_frame_on_cpu(
     tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
 ) -> None:
+    """`KernelFrame.decode_step` (what a decode graph captures: each slot's last codes read in place, the
+    sampling rows gathered and the codes recorded beside the frame on CUDA) computes the eager backend's
+    frame on the CPU fallbacks: the same codes, recorded into the slot state the same way."""
     talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
     predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
     bf16_fast = type(FAST)("fast", "bf16", torch.float32)
@@ -237,15 +240,15 @@ def test_fast_frame_matches_the_reference_frame_on_cpu(
     cache_a.k.normal_(generator=g)
     cache_a.v.normal_(generator=g)
     cache_b = layers.KVCache(cache_a.k.clone(), cache_a.v.clone())
-    previous = torch.randint(0, 2048, (batch, 16), generator=g)
+    state_a = step.SlotState.zeros(4, 16, 3072, 8, torch.device("cpu"))
+    state_a.last_codes.copy_(torch.randint(0, 2048, (4, 16), generator=g))
+    state_a.cb0_history.copy_(torch.rand(4, 3072, generator=g) < 0.01)
+    state_a.uniforms.copy_(torch.rand(8, 16, generator=g, dtype=torch.float64))
+    state_b = state_a.with_slots(4)
     text = torch.randn(batch, talker.hidden_size, generator=g)
-    positions = torch.tensor([3, 17, 9])
-    slots = torch.tensor([1, 3, 0])
-    rows = step.FrameRows(
-        uniforms=torch.rand(batch, 16, generator=g, dtype=torch.float64),
-        cb0_history=torch.rand(batch, 3072, generator=g) < 0.01,
-        frames_generated=torch.tensor([0, 5, 9]),
-        talker_sampling=sampling.SamplingRows.cat(
+    index = step.StepIndex.host_table([3, 17, 9], [1, 3, 0], [0, 5, 9], [6, 2, 4])
+    sampling_rows = (
+        sampling.SamplingRows.cat(
             [
                 sampling.SamplingRows.single(
                     greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05
@@ -253,14 +256,19 @@ def test_fast_frame_matches_the_reference_frame_on_cpu(
             ]
             * batch
         ),
-        predictor_sampling=sampling.SamplingRows.cat(
+        sampling.SamplingRows.cat(
             [sampling.SamplingRows.single(greedy=True, temperature=1.0, top_k=0, top_p=1.0)] * batch
         ),
     )
     with torch.no_grad():
-        expected = step.decode_frames(talker, predictor, cache_a, previous, text, positions, slots, rows)
-        got = fast.decode_frames(cache_b, previous, text, positions, slots, rows)
+        expected = step.EagerFrameBackend.decode_frames(
+            talker, predictor, cache_a, state_a, index, list(text), sampling_rows
+        )
+        got = fast.decode_step(cache_b, state_b, step.StepIndex(index), text, sampling_rows)
     assert torch.equal(got, expected)
+    assert torch.equal(state_b.last_codes, state_a.last_codes)
+    assert torch.equal(state_b.cb0_history, state_a.cb0_history)
+    assert bool(state_a.cb0_history[[1, 3, 0], expected[:, 0]].all())
     torch.testing.assert_close(cache_b.k, cache_a.k, rtol=1e-5, atol=1e-5)
 
 

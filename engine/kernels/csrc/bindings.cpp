@@ -147,8 +147,10 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
      "silu_mul");
 }
 
-// out[r] = bf16(bf16(first_table[codes[r, 0]] + sum_j tables[j - 1][codes[r, j]]) + text[r]) (launchers.h).
-void frame_embedding(at::Tensor out, at::Tensor codes, at::Tensor first_table, at::Tensor tables, at::Tensor text) {
+// out[r] = bf16(bf16(first_table[c[0]] + sum_j tables[j - 1][c[j]]) + text[r]), c = codes[code_rows[r]] (codes[r]
+// without code_rows) (launchers.h).
+void frame_embedding(at::Tensor out, at::Tensor codes, c10::optional<at::Tensor> code_rows, at::Tensor first_table,
+                     at::Tensor tables, at::Tensor text) {
   for (auto* t : {&out, &first_table, &tables, &text}) check(*t, "tensor", at::kBFloat16);
   check(codes, "codes", at::kLong);
   check_rows(text, "text");
@@ -157,12 +159,18 @@ void frame_embedding(at::Tensor out, at::Tensor codes, at::Tensor first_table, a
   TORCH_CHECK(tables.dim() == 3 && tables.is_contiguous() && tables.size(0) == codes.size(1) - 1 &&
                   tables.size(2) == first_table.size(1),
               "tables must be contiguous [groups - 1, vocab, width]");
-  TORCH_CHECK(text.size(0) == codes.size(0) && text.size(1) == first_table.size(1), "text must be [rows, width]");
+  const int64_t rows = code_rows.has_value() ? code_rows->size(0) : codes.size(0);
+  if (code_rows.has_value()) {
+    check(*code_rows, "code_rows", at::kLong);
+    TORCH_CHECK(code_rows->dim() == 1 && code_rows->is_contiguous(), "code_rows must be contiguous [rows]");
+  }
+  TORCH_CHECK(text.size(0) == rows && text.size(1) == first_table.size(1), "text must be [rows, width]");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == text.sizes(), "out must be contiguous [rows, width]");
   const c10::cuda::CUDAGuard guard(out.device());
-  ok(q3tts::frame_embedding(out.data_ptr(), codes.data_ptr<int64_t>(), codes.stride(0), first_table.data_ptr(),
+  ok(q3tts::frame_embedding(out.data_ptr(), codes.data_ptr<int64_t>(), codes.stride(0),
+                            code_rows.has_value() ? code_rows->data_ptr<int64_t>() : nullptr, first_table.data_ptr(),
                             first_table.size(0), tables.data_ptr(), tables.size(1), text.data_ptr(), text.stride(0),
-                            codes.size(0), codes.size(1), first_table.size(1), stream()),
+                            rows, codes.size(1), first_table.size(1), stream()),
      "frame_embedding");
 }
 

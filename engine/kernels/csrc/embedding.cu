@@ -16,16 +16,18 @@ __device__ __forceinline__ Bf16x8 table_row(const bf16* table, int64_t code, int
 }
 
 // A thread per 8-element vector of a row: every codebook's row loaded first (all in flight at once), then
-// summed in fp32 in codebook order, rounded once, and the text row added and rounded again.
+// summed in fp32 in codebook order, rounded once, and the text row added and rounded again. Row r embeds
+// codes row code_rows[r] (row r when code_rows is null): a decode frame reads each slot's last codes in place.
 __global__ void frame_embedding_kernel(bf16* __restrict__ out, const int64_t* __restrict__ codes, int code_stride,
-                                       const bf16* __restrict__ first_table, int first_vocab,
-                                       const bf16* __restrict__ tables, int vocab, const bf16* __restrict__ text,
-                                       int text_stride, int groups, int width) {
+                                       const int64_t* __restrict__ code_rows, const bf16* __restrict__ first_table,
+                                       int first_vocab, const bf16* __restrict__ tables, int vocab,
+                                       const bf16* __restrict__ text, int text_stride, int groups, int width) {
   begin_dependent_kernel();
   const int row = blockIdx.y;
   const int vec = blockIdx.x * blockDim.x + threadIdx.x;
   if (vec * 8 >= width) return;
-  const int64_t* row_codes = codes + static_cast<int64_t>(row) * code_stride;
+  const int64_t code_row = code_rows == nullptr ? row : code_rows[row];
+  const int64_t* row_codes = codes + code_row * code_stride;
   Bf16x8 parts[kMaxGroups];
   parts[0] = table_row(first_table, row_codes[0], first_vocab, width, vec);
 #pragma unroll
@@ -51,15 +53,15 @@ __global__ void frame_embedding_kernel(bf16* __restrict__ out, const int64_t* __
 
 }  // namespace
 
-cudaError_t frame_embedding(void* out, const int64_t* codes, int code_stride, const void* first_table,
-                            int first_vocab, const void* tables, int vocab, const void* text, int text_stride,
-                            int rows, int groups, int width, cudaStream_t stream) {
+cudaError_t frame_embedding(void* out, const int64_t* codes, int code_stride, const int64_t* code_rows,
+                            const void* first_table, int first_vocab, const void* tables, int vocab, const void* text,
+                            int text_stride, int rows, int groups, int width, cudaStream_t stream) {
   if (width % 8 != 0 || text_stride % 8 != 0 || groups < 1 || groups > kMaxGroups) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const int threads = 128;
   const dim3 grid((width / 8 + threads - 1) / threads, rows);
   launch_kernel(frame_embedding_kernel, grid, dim3(threads), stream, static_cast<bf16*>(out), codes, code_stride,
-                static_cast<const bf16*>(first_table), first_vocab, static_cast<const bf16*>(tables), vocab,
+                code_rows, static_cast<const bf16*>(first_table), first_vocab, static_cast<const bf16*>(tables), vocab,
                 static_cast<const bf16*>(text), text_stride, groups, width);
   return cudaGetLastError();
 }

@@ -47,10 +47,11 @@ cudaError_t rope_attention(void* out, float* workspace, const void* q, const voi
 // The talker's decode-step input: out[r] = bf16(bf16(sum_j E_j[codes[r, j]]) + text[r]) over the `groups`
 // codebooks, E_0 = first_table [first_vocab, width] and E_j = tables[j - 1] ([groups - 1, vocab, width]), the sum
 // in fp32 in codebook order and rounded once (the reference's stacked bf16 sum; it may add in another order,
-// so a sum can round 1 ulp apart). A code outside its table adds zeros. out is contiguous [rows, width].
-cudaError_t frame_embedding(void* out, const int64_t* codes, int code_stride, const void* first_table,
-                            int first_vocab, const void* tables, int vocab, const void* text, int text_stride,
-                            int rows, int groups, int width, cudaStream_t stream);
+// so a sum can round 1 ulp apart). A code outside its table adds zeros. out is contiguous [rows, width]. Row r
+// embeds codes row code_rows[r] when code_rows is not null.
+cudaError_t frame_embedding(void* out, const int64_t* codes, int code_stride, const int64_t* code_rows,
+                            const void* first_table, int first_vocab, const void* tables, int vocab, const void* text,
+                            int text_stride, int rows, int groups, int width, cudaStream_t stream);
 
 // out = bf16(bf16(silu(gate)) * up), rows `*_stride` elements apart, `cols` wide.
 cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
