@@ -70,7 +70,7 @@ BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
 HISTORY_BESIDE_MIN_ROWS = 64
 """Rows from which a decode frame records the cb0 history on its side stream, beside the last codes' record.
-H200, frame replays in alternating processes (benchmarks/results/2026-12-03-run109): at 64 rows 5.26 ->
+H200, frame replays in alternating processes (benchmarks/results/2026-12-03-run110): at 64 rows 5.26 ->
 5.08-5.11 ms in both modes; at 4-16 rows no change; at one row 2.256 -> 2.280 ms in fast mode."""
 PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
@@ -653,7 +653,8 @@ class KernelFrame:
 
     def _predictor_cache(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """The predictor's K and V caches for the rows of `hidden`, [layers, B, kv heads, positions, head
-        dim] each. A frame writes every position before any step reads it, so one pair made for the largest
+        dim] each. A frame writes every position before any step reads it (the kernels read no other; the
+        torch reference masks them, and their stale values are finite), so one pair made for the largest
         bucket serves every frame of up to that many rows (views of its first rows) without zeroing kernels
         in each; it is made by the first call outside a graph capture (a capture's warm-up), not kept in a
         graph's memory pool. Other batches get zeros of their own."""
@@ -710,9 +711,9 @@ class KernelFrame:
         text: Tensor,
         sampling: tuple[SamplingRows, SamplingRows],
     ) -> Tensor:
-        """`step.decode_frames` on inputs gathered from `state`, its codes recorded there
-        (`step.recorded_frames`): what a decode graph captures, so a replay needs no host op around it but
-        the index's upload and the text rows.
+        """`step.decode_frames` on inputs gathered from `state`, its codes recorded there (as
+        `step.recorded_frames` does): what a decode graph captures, so a replay needs no host op around it
+        but the index's upload and the text rows.
 
         The talker's input reads each slot's last codes in place (`ops.frame_embedding`'s code rows), and the
         sampling rows' gathers run beside the talker on a second stream (`_SideStream`), where the frame's
@@ -744,8 +745,8 @@ class _SideStream:
     the current stream and joined back into it (inside a graph capture too: the ops become a branch of the
     graph). Off CUDA the ops run in order on the current stream.
 
-    Ops run here write only tensors allocated on the current stream (`gather` allocates before it forks), so
-    the caching allocator never hands their memory to other work before the join."""
+    Ops run here write only long-lived tensors or ones allocated on the current stream (`gather` allocates
+    before it forks), so the caching allocator never hands their memory to other work before the join."""
 
     def __init__(self, device: torch.device) -> None:
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
