@@ -657,7 +657,8 @@ class KernelFrame:
         torch reference masks them, and their stale values are finite), so one pair made for the largest
         bucket serves every frame of up to that many rows (views of its first rows) without zeroing kernels
         in each; it is made by the first call outside a graph capture (a capture's warm-up), not kept in a
-        graph's memory pool. Other batches get zeros of their own."""
+        graph's memory pool, and never replaced (captured graphs hold its address). Other batches get zeros of
+        their own."""
         batch = hidden.shape[0]
         kept = self._predictor_kv
         if kept is not None and batch <= kept[0].shape[1] and kept[0].dtype == hidden.dtype:
@@ -667,7 +668,7 @@ class KernelFrame:
         cache = torch.zeros(
             2, layers, rows, kv_heads, length, head_dim, dtype=hidden.dtype, device=hidden.device
         )
-        if not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if kept is None and not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
             self._predictor_kv = (cache[0], cache[1])
         return cache[0][:, :batch], cache[1][:, :batch]
 

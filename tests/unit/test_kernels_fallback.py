@@ -272,6 +272,24 @@ def test_fast_frame_matches_the_reference_frame_on_cpu(
     torch.testing.assert_close(cache_b.k, cache_a.k, rtol=1e-5, atol=1e-5)
 
 
+def test_the_kept_predictor_cache_is_never_replaced(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+) -> None:
+    """The predictor's K/V kept for the largest bucket serve every smaller batch from the same storage (a
+    captured graph holds its address); a larger batch gets caches of its own and leaves the kept ones."""
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
+    frame = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
+    hidden = torch.zeros(graphs.BUCKETS[-1] + 1, talker.hidden_size)
+    first_k, _ = frame._predictor_cache(hidden[:3])
+    assert first_k.shape[1] == 3
+    larger_k, _ = frame._predictor_cache(hidden)
+    assert larger_k.shape[1] == graphs.BUCKETS[-1] + 1
+    assert larger_k.untyped_storage().data_ptr() != first_k.untyped_storage().data_ptr()
+    again_k, _ = frame._predictor_cache(hidden[:1])
+    assert again_k.untyped_storage().data_ptr() == first_k.untyped_storage().data_ptr()
+
+
 def test_fast_prefill_matches_the_talker_prompt_pass_on_cpu(
     tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
 ) -> None:
