@@ -6,6 +6,7 @@ branch on the backend. Outputs are freshly allocated, so the ops are safe inside
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -17,6 +18,7 @@ from . import loader, reference
 from .reference import QuantizedWeight
 
 __all__ = [
+    "DrawRecord",
     "QuantizedWeight",
     "add_rms_norm_",
     "codec_window_attention",
@@ -88,15 +90,29 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return out.view(x.shape)
 
 
-def add_rms_norm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """residual <- residual + x in place; returns rms_norm(residual). One pass over both in the kernel."""
+def add_rms_norm_(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor | None = None
+) -> Tensor:
+    """residual <- residual + x in place; returns rms_norm(residual). One pass over both in the kernel. `out`:
+    where the norm is written ([rows, hidden] with unit inner stride, such as every second row of a buffer),
+    instead of a new tensor."""
     ext = _ext(x, residual, weight)
     rows, res = (_rows(x), _rows(residual)) if ext is not None else (None, None)
-    if ext is None or rows is None or res is None or rows.stride() != res.stride() or x.shape[-1] % 8:
-        return reference.add_rms_norm_(x, residual, weight, eps)
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    ext.rms_norm(out, rows, res, weight, eps)
-    return out.view(x.shape)
+    if out is not None and out.shape[-1] != x.shape[-1]:
+        raise ValueError(f"out must be [rows, {x.shape[-1]}], got {tuple(out.shape)}")
+    if (
+        ext is None
+        or rows is None
+        or res is None
+        or rows.stride() != res.stride()
+        or x.shape[-1] % 8
+        or not (out is None or (out.dim() == 2 and out.stride(1) == 1 and out.stride(0) % 8 == 0))
+    ):
+        normed = reference.add_rms_norm_(x, residual, weight, eps)
+        return normed if out is None else out.copy_(normed.view(out.shape))
+    target = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out is None else out
+    ext.rms_norm(target, rows, res, weight, eps)
+    return target.view(x.shape) if out is None else out
 
 
 def qk_norm_rope_cache(
@@ -643,6 +659,27 @@ def _suppressed(vocab: int, eos_id: int, device: torch.device) -> Tensor:
     )[0]
 
 
+@dataclass(frozen=True)
+class DrawRecord:
+    """What a frame's sampler also records in each row's slot, so that no kernel of its own follows the
+    frame's last draw: the cb0 draw sets its bit of the slot's history (`history`, [slots, vocab] bool), and
+    the last draw copies the row of `frame_codes` ([rows, width] int64, whose column it writes; the earlier
+    draws wrote the others) to the slot's row of `last_codes` ([slots, width] int64). `slots`: [rows]."""
+
+    slots: Tensor
+    history: Tensor | None = None
+    last_codes: Tensor | None = None
+    frame_codes: Tensor | None = None
+
+    def apply(self, codes: Tensor) -> None:
+        """The records in torch, after a draw of `codes` [rows] (the reference path)."""
+        if self.history is not None:
+            self.history[self.slots, codes] = True
+        if self.last_codes is not None:
+            assert self.frame_codes is not None
+            self.last_codes.index_copy_(0, self.slots, self.frame_codes)
+
+
 def _sampler_ext(logits: Tensor):  # type: ignore[no-untyped-def]
     """The extension if the sampling kernel takes these logits: CUDA, float32 or bfloat16, vocab <= 4096."""
     if logits.dtype not in (torch.float32, torch.bfloat16) or logits.shape[-1] > 4096:
@@ -675,21 +712,33 @@ def sample_talker_and_embed(
     eos_id: int,
     table: Tensor,
     out: Tensor | None = None,
+    embed_out: Tensor | None = None,
+    record: DrawRecord | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(cb0, table[cb0]): `sample_talker` and the code's embedding row (the predictor's second input) in one
-    kernel, as `sample_predictor_and_embed` does for the codebook steps. `out`: as `sample_predictor`'s."""
-    codes, embedded = _sample(logits, uniforms, params, table, out, (history, frames_generated, eos_id))
+    kernel, as `sample_predictor_and_embed` does for the codebook steps. `out`: as `sample_predictor`'s;
+    `embed_out`: where the embedding rows go ([rows, width], unit inner stride), instead of a new tensor;
+    `record`: the draw's history bit (`DrawRecord.history`)."""
+    codes, embedded = _sample(
+        logits, uniforms, params, table, out, (history, frames_generated, eos_id), embed_out, record
+    )
     assert embedded is not None
     return codes, embedded
 
 
 def sample_predictor(
-    logits: Tensor, uniforms: Tensor, params: sampling.SamplingRows, out: Tensor | None = None
+    logits: Tensor,
+    uniforms: Tensor,
+    params: sampling.SamplingRows,
+    out: Tensor | None = None,
+    record: DrawRecord | None = None,
 ) -> Tensor:
     """Codebooks 1..15: temperature, top-k, top-p and the draw (no penalty, no bans). `logits` float32 or
     bfloat16; the kernel reads bfloat16 as its exact float32 values. With `out` (an int64 [rows] view, such
-    as a column of the frame's codes), the codes are written there and it is returned."""
-    return _sample(logits, uniforms, params, None, out)[0]
+    as a column of the frame's codes), the codes are written there and it is returned. `record`: the frame's
+    last draw copies its rows of codes to their slots (`DrawRecord.last_codes`; `out` is a column of
+    `DrawRecord.frame_codes`)."""
+    return _sample(logits, uniforms, params, None, out, record=record)[0]
 
 
 def sample_predictor_and_embed(
@@ -710,6 +759,8 @@ def _sample(
     table: Tensor | None,
     out: Tensor | None,
     talker: tuple[Tensor, Tensor, int] | None = None,
+    embed_out: Tensor | None = None,
+    record: DrawRecord | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Every sampler: (codes, table[codes] or None). `talker` = (history, frames_generated, eos_id) adds cb0's
     rules (penalty over the history, control ids and early EOS banned); None is a codebook step's draw."""
@@ -719,14 +770,19 @@ def _sample(
     if talker is not None:
         history, frames_generated, eos_id = talker
     ext = _sampler_ext(logits)
-    if ext is None or not _embeds_in_kernel(table):
+    if ext is None or not _embeds_in_kernel(table) or not _records_in_kernel(record, out, embed_out):
         banned = None
         if frames_generated is not None:
             banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
         codes = _into(out, reference.sample(logits.float(), uniforms, params, history, banned))
-        return codes, (None if table is None else F.embedding(codes, table))
+        if record is not None:
+            record.apply(codes)
+        if table is None:
+            return codes, None
+        gathered = F.embedding(codes, table)
+        return codes, (gathered if embed_out is None else embed_out.copy_(gathered))
     out = _codes_out(logits, out)
-    embedded = _embedding_rows(logits.shape[0], table)
+    embedded = _embedding_rows(logits.shape[0], table) if embed_out is None else embed_out
     ext.sample(
         out,
         logits,
@@ -743,6 +799,11 @@ def _sample(
         uniforms,
         table,
         embedded,
+        None if record is None else record.slots,
+        None if record is None else record.history,
+        None if record is None else record.last_codes,
+        None if record is None else record.frame_codes,
+        _codes_column(out, record),
     )
     return out, embedded
 
@@ -760,6 +821,43 @@ def _codes_out(logits: Tensor, out: Tensor | None) -> Tensor:
 def _into(out: Tensor | None, codes: Tensor) -> Tensor:
     """The reference's codes, copied into `out` when one is given."""
     return codes if out is None else out.copy_(codes)
+
+
+def _records_in_kernel(record: DrawRecord | None, out: Tensor | None, embed_out: Tensor | None) -> bool:
+    """Whether the sampling kernel takes these records and outputs (its binding's layouts): else the reference
+    runs the draw and `DrawRecord.apply`."""
+    if embed_out is not None and not (
+        embed_out.dim() == 2
+        and embed_out.stride(1) == 1
+        and embed_out.stride(0) % 8 == 0
+        and embed_out.data_ptr() % 16 == 0
+    ):
+        return False
+    if record is None:
+        return True
+    if record.slots.dtype != torch.int64 or not record.slots.is_contiguous():
+        return False
+    if record.history is not None and record.history.stride(-1) != 1:
+        return False
+    if record.last_codes is None:
+        return True
+    frame = record.frame_codes
+    return (
+        frame is not None
+        and out is not None
+        and record.last_codes.is_contiguous()
+        and frame.is_contiguous()
+        and _codes_column(out, record) >= 0
+    )
+
+
+def _codes_column(out: Tensor | None, record: DrawRecord | None) -> int:
+    """The column of `record.frame_codes` that `out` is (-1: none, or not a column of it)."""
+    frame = None if record is None else record.frame_codes
+    if out is None or frame is None or out.stride(0) != frame.shape[1]:
+        return -1
+    column, rest = divmod(out.data_ptr() - frame.data_ptr(), out.element_size())
+    return column if rest == 0 and 0 <= column < frame.shape[1] else -1
 
 
 def _embeds_in_kernel(table: Tensor | None) -> bool:

@@ -68,10 +68,6 @@ if TYPE_CHECKING:
 
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
-HISTORY_BESIDE_MIN_ROWS = 64
-"""Rows from which a decode frame records the cb0 history on its side stream, beside the last codes' record.
-H200, frame replays in alternating processes (benchmarks/results/2026-12-03-run110): at 64 rows 5.26 ->
-5.08-5.11 ms in both modes; at 4-16 rows no change; at one row 2.256 -> 2.280 ms in fast mode."""
 PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
 on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
@@ -573,12 +569,13 @@ class KernelFrame:
         lengths: Tensor | None = None,
         span: int | None = None,
         sequences: PromptSequences | None = None,
+        out: Tensor | None = None,
     ) -> Tensor:
         """One talker token per row: embeds [N, H] at positions [N] in cache rows slots [N] -> the
         post-norm hidden [N, H]. `distinct_slots`: the rows are different sessions (a decode frame; padded
         rows share the scratch slot at position 0, where they read nothing another row writes), not the
         tokens of one prompt. `lengths`: positions + 1, when the caller has it. `span` and `sequences`: as
-        `_run_blocks`'s."""
+        `_run_blocks`'s. `out`: where the hidden is written (`ops.add_rms_norm_`'s)."""
         x = embeds.contiguous()
         t = self.talker
         residual, delta = _run_blocks(
@@ -597,19 +594,20 @@ class KernelFrame:
             span=span,
             sequences=sequences,
         )
-        return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps)
+        return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps, out=out)
 
-    def _predict(self, hidden: Tensor, cb0_embed: Tensor, rows: FrameRows, codes: Tensor) -> None:
-        """Codebooks 1..15 into codes[:, 1:]: step 0 runs both prefix tokens as 2B rows (causal by position),
-        then 14 steps."""
-        batch = hidden.shape[0]
-        device = hidden.device
-        cache_k, cache_v = self._predictor_cache(hidden)
+    def _predict(self, pair: Tensor, rows: FrameRows, codes: Tensor, record: ops.DrawRecord | None) -> None:
+        """Codebooks 1..15 into codes[:, 1:]: step 0 runs both prefix tokens (`pair` [B, 2, H]: the talker's
+        hidden, cb0's embedding) as 2B rows (causal by position), then 14 steps. `record`: the last draw's
+        (`ops.DrawRecord`)."""
+        batch = pair.shape[0]
+        device = pair.device
+        cache_k, cache_v = self._predictor_cache(pair)
         p = self.predictor
         blocks, eps, scale = self.predictor_blocks, self.predictor_eps, self.predictor_scale
         final = p.norm.weight
         index = self._predictor_index(batch, device)
-        x = self.projection(torch.stack([hidden, cb0_embed], dim=1).view(2 * batch, -1), self.projection_bias)
+        x = self.projection(pair.view(2 * batch, -1), self.projection_bias)
         residual, delta = _run_blocks(
             blocks,
             x,
@@ -629,7 +627,7 @@ class KernelFrame:
         for group in range(self.groups):
             uniforms, column = rows.uniforms[:, 1 + group], codes[:, 1 + group]
             if group + 1 == self.groups:
-                ops.sample_predictor(logits, uniforms, rows.predictor_sampling, out=column)
+                ops.sample_predictor(logits, uniforms, rows.predictor_sampling, out=column, record=record)
                 break
             # The sampler also gathers the code's projected embedding: the next step's input.
             _, x = ops.sample_predictor_and_embed(
@@ -651,24 +649,22 @@ class KernelFrame:
             )
             logits, _ = self.heads[group + 1].after_rms_norm(residual, delta, final, eps)
 
-    def _predictor_cache(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """The predictor's K and V caches for the rows of `hidden`, [layers, B, kv heads, positions, head
-        dim] each. A frame writes every position before any step reads it (the kernels read no other; the
+    def _predictor_cache(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """The predictor's K and V caches for the B rows (dim 0) of `like`, [layers, B, kv heads, positions,
+        head dim] each. A frame writes every position before any step reads it (the kernels read no other; the
         torch reference masks them, and their stale values are finite), so one pair made for the largest
         bucket serves every frame of up to that many rows (views of its first rows) without zeroing kernels
         in each; it is made by the first call outside a graph capture (a capture's warm-up), not kept in a
         graph's memory pool, and never replaced (captured graphs hold its address). Other batches get zeros of
         their own."""
-        batch = hidden.shape[0]
+        batch = like.shape[0]
         kept = self._predictor_kv
-        if kept is not None and batch <= kept[0].shape[1] and kept[0].dtype == hidden.dtype:
+        if kept is not None and batch <= kept[0].shape[1] and kept[0].dtype == like.dtype:
             return kept[0][:, :batch], kept[1][:, :batch]
         layers, kv_heads, length, head_dim = self.predictor_shape
         rows = max(batch, BUCKETS[-1])
-        cache = torch.zeros(
-            2, layers, rows, kv_heads, length, head_dim, dtype=hidden.dtype, device=hidden.device
-        )
-        if kept is None and not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
+        cache = torch.zeros(2, layers, rows, kv_heads, length, head_dim, dtype=like.dtype, device=like.device)
+        if kept is None and not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
             self._predictor_kv = (cache[0], cache[1])
         return cache[0][:, :batch], cache[1][:, :batch]
 
@@ -689,9 +685,26 @@ class KernelFrame:
 
     def complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """From the talker's post-norm hidden [B, H] to the frame's codes [B, 16] (`step.complete_frames`)."""
-        # Each sampler writes its codebook's column of the frame's codes (no stack or concatenation).
-        codes = torch.empty(hidden.shape[0], self.groups + 1, dtype=torch.int64, device=hidden.device)
-        _, cb0_embed = ops.sample_talker_and_embed(
+        pair = hidden.new_empty(hidden.shape[0], 2, hidden.shape[1])
+        pair[:, 0] = hidden
+        return self._draw_frames(pair, rows)
+
+    def _draw_frames(
+        self, pair: Tensor, rows: FrameRows, state: SlotState | None = None, slots: Tensor | None = None
+    ) -> Tensor:
+        """`complete_frames` on `pair` [B, 2, H], whose rows [:, 0] hold the talker's post-norm hidden: the
+        cb0 draw writes its embedding into [:, 1] and the predictor's first step reads both in place (no
+        stack kernel). Each sampler writes its codebook's column of the frame's codes. With `state`, the
+        draws also record the frame in the rows' `slots` (`ops.DrawRecord`: the cb0 draw its history bit,
+        the last draw the codes), so that no kernel follows the last draw."""
+        hidden = pair[:, 0]
+        codes = torch.empty(pair.shape[0], self.groups + 1, dtype=torch.int64, device=pair.device)
+        history = last = None
+        if state is not None:
+            assert slots is not None
+            history = ops.DrawRecord(slots, history=state.cb0_history)
+            last = ops.DrawRecord(slots, last_codes=state.last_codes, frame_codes=codes)
+        ops.sample_talker_and_embed(
             self.codec_head(hidden),  # bfloat16: the sampler reads it as float32
             rows.uniforms[:, 0],
             rows.talker_sampling,
@@ -700,8 +713,10 @@ class KernelFrame:
             self.eos,
             self.talker.codec_embedding,  # the predictor's second input, gathered by the sampler
             out=codes[:, 0],
+            embed_out=pair[:, 1],
+            record=history,
         )
-        self._predict(hidden, cb0_embed, rows, codes)
+        self._predict(pair, rows, codes, last)
         return codes
 
     def decode_step(
@@ -716,29 +731,27 @@ class KernelFrame:
         `step.recorded_frames` does): what a decode graph captures, so a replay needs no host op around it
         but the index's upload and the text rows.
 
-        The talker's input reads each slot's last codes in place (`ops.frame_embedding`'s code rows), and the
+        The talker's input reads each slot's last codes in place (`ops.frame_embedding`'s code rows), the
         sampling rows' gathers run beside the talker on a second stream (`_SideStream`), where the frame's
-        chain would wait for each in turn; from `HISTORY_BESIDE_MIN_ROWS` rows the cb0 history is also
-        recorded there, beside the last codes."""
+        chain would wait for each in turn, and the samplers record the frame (`_draw_frames`)."""
         side = self._side
         rows = state.frame_rows(index, sampling, side.gather)
         t = self.talker
         embeds = ops.frame_embedding(
             state.last_codes, t.codec_embedding, self.codebook_tables, text, index.slots
         )
-        hidden = self.talker_hidden(
-            embeds, index.positions, index.slots, cache, distinct_slots=True, lengths=index.lengths
+        pair = embeds.new_empty(embeds.shape[0], 2, embeds.shape[1])
+        self.talker_hidden(
+            embeds,
+            index.positions,
+            index.slots,
+            cache,
+            distinct_slots=True,
+            lengths=index.lengths,
+            out=pair[:, 0],
         )
         side.join()
-        codes = self.complete_frames(hidden, rows)
-        if codes.shape[0] < HISTORY_BESIDE_MIN_ROWS:
-            state.record(index, codes)
-            return codes
-        with side.run():
-            state.record_history(index, codes)
-        state.record_codes(index, codes)
-        side.join()
-        return codes
+        return self._draw_frames(pair, rows, state, index.slots)
 
 
 class _SideStream:

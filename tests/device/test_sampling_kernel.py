@@ -126,3 +126,61 @@ def test_sampling_kernel_reads_bf16_logits_and_gathers_the_next_input(ext) -> No
         assert torch.equal(drawn, cb0)
         assert torch.equal(drawn_embed, codec_table[cb0])
     assert mismatches == 0
+
+
+def test_sampling_kernel_records_the_draws_in_the_rows_slots(ext) -> None:  # type: ignore[no-untyped-def]
+    """`ops.DrawRecord` in the kernel: the cb0 draw sets its bit of each row's slot history and writes its
+    embedding into every second row of a pair buffer; the last draw copies each row's codes (its own column
+    and the ones written before it) to its slot's last frame. Every padded row shares the scratch slot, whose
+    bits are all set and whose codes are padded rows' codes."""
+    g = torch.Generator(device="cuda").manual_seed(21)
+    rows, live, slots_total, width = 64, 40, 80, 16
+    scratch = slots_total - 1
+    logits, u, greedy, temperature, top_k, top_p, penalty, history, frames = random_case(rows, 3072, g)
+    params = sampling.SamplingRows(greedy, temperature, top_k, top_p, penalty)
+    half = logits.to(torch.bfloat16)
+    slots = torch.cat(
+        [
+            torch.randperm(scratch, generator=g, device="cuda")[:live],
+            torch.full((rows - live,), scratch, device="cuda"),
+        ]
+    )
+    table = torch.rand(slots_total, 3072, generator=g, device="cuda") < 0.01
+    codec_table = torch.randn(3072, 2048, generator=g, device="cuda").to(torch.bfloat16)
+    codes = torch.randint(0, 2048, (rows, width), generator=g, device="cuda")
+    pair = torch.zeros(rows, 2, 2048, device="cuda", dtype=torch.bfloat16)
+    recorded = table.clone()
+    cb0, embedded = ops.sample_talker_and_embed(
+        half,
+        u,
+        params,
+        history,
+        frames,
+        EOS,
+        codec_table,
+        out=codes[:, 0],
+        embed_out=pair[:, 1],
+        record=ops.DrawRecord(slots, history=recorded),
+    )
+    assert torch.equal(cb0, ops.sample_talker(half, u, params, history, frames, EOS))
+    assert torch.equal(pair[:, 1], codec_table[cb0]) and not pair[:, 0].any()
+    assert embedded.data_ptr() == pair[:, 1].data_ptr()
+    expected = table.clone()
+    expected[slots, cb0] = True
+    assert torch.equal(recorded, expected)
+    predictor_logits = logits[:, :2048].contiguous()
+    last_codes = torch.full((slots_total, width), -1, device="cuda")
+    drawn = ops.sample_predictor(
+        predictor_logits,
+        u,
+        params,
+        out=codes[:, width - 1],
+        record=ops.DrawRecord(slots, last_codes=last_codes, frame_codes=codes),
+    )
+    assert torch.equal(drawn, ops.sample_predictor(predictor_logits, u, params))
+    assert torch.equal(last_codes[slots[:live]], codes[:live])
+    untouched = torch.ones(slots_total, dtype=torch.bool, device="cuda")
+    untouched[slots] = False
+    assert (last_codes[untouched] == -1).all()
+    # The padded rows' blocks write the scratch row at once: each of its codes is some padded row's.
+    assert (codes[live:] == last_codes[scratch]).any(dim=0).all()

@@ -46,6 +46,67 @@ def test_norms_rope_swiglu_fall_back_exactly() -> None:
     assert torch.equal(r, expected_sum)
     gate, up = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
     assert torch.equal(ops.silu_mul(gate, up), layers.swiglu(gate, up))
+    pair = torch.zeros(3, 2, 64)
+    r = residual.clone()
+    written = ops.add_rms_norm_(x, r, w, 1e-6, out=pair[:, 0])
+    assert written.data_ptr() == pair.data_ptr()
+    assert torch.equal(pair[:, 0], layers.rms_norm(expected_sum, w, 1e-6))
+    assert not pair[:, 1].any()
+
+
+def test_samplers_record_their_draws_in_the_rows_slots() -> None:
+    """`ops.DrawRecord`: the cb0 draw sets its bit of each row's slot history and writes its embedding where
+    it is told; the last draw copies each row's codes to its slot's last frame. The scratch slot (3) is shared
+    by two padded rows."""
+    g = torch.Generator().manual_seed(4)
+    rows, vocab = 4, 48
+    slots = torch.tensor([2, 0, 3, 3])
+    params = sampling.SamplingRows(
+        greedy=torch.tensor([True, False, False, True]),
+        temperature=torch.full((rows,), 0.9),
+        top_k=torch.full((rows,), 5),
+        top_p=torch.ones(rows, dtype=torch.float64),
+        repetition_penalty=torch.full((rows,), 1.05),
+    )
+    logits = torch.randn(rows, vocab, generator=g)
+    uniforms = torch.rand(rows, generator=g, dtype=torch.float64)
+    seen = torch.zeros(rows, vocab, dtype=torch.bool)
+    frames = torch.full((rows,), 5)
+    table = torch.randn(vocab, 8, generator=g)
+    history = torch.zeros(5, vocab, dtype=torch.bool)
+    codes = torch.full((rows, 3), -1)
+    pair = torch.zeros(rows, 2, 8)
+    drawn, embedded = ops.sample_talker_and_embed(
+        logits,
+        uniforms,
+        params,
+        seen,
+        frames,
+        vocab - 1,
+        table,
+        out=codes[:, 0],
+        embed_out=pair[:, 1],
+        record=ops.DrawRecord(slots, history=history),
+    )
+    expected = ops.sample_talker(logits, uniforms, params, seen, frames, vocab - 1)
+    assert torch.equal(drawn, expected) and torch.equal(codes[:, 0], expected)
+    assert embedded.data_ptr() == pair[:, 1].data_ptr() and torch.equal(pair[:, 1], table[expected])
+    assert not pair[:, 0].any()
+    for row in range(2):
+        assert history[slots[row]].nonzero().flatten().tolist() == [int(expected[row])]
+    assert not history[1].any() and not history[4].any()
+    codes[:, 1] = torch.arange(rows)
+    last_codes = torch.full((5, 3), -7)
+    drawn = ops.sample_predictor(
+        logits,
+        uniforms,
+        params,
+        out=codes[:, 2],
+        record=ops.DrawRecord(slots, last_codes=last_codes, frame_codes=codes),
+    )
+    assert torch.equal(last_codes[2], codes[0]) and torch.equal(last_codes[0], codes[1])
+    assert torch.equal(last_codes[[1, 4]], torch.full((2, 3), -7))
+    assert int(last_codes[3, 2]) in drawn[2:].tolist()
 
 
 def test_snake_beta_falls_back_to_the_official_expression() -> None:

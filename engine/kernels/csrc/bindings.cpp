@@ -446,7 +446,9 @@ void codec_window_attention(at::Tensor out, at::Tensor next_cache, at::Tensor qk
 void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, at::Tensor penalty,
             c10::optional<at::Tensor> suppress, c10::optional<at::Tensor> ban_count, int64_t ban_token,
             int64_t ban_below, at::Tensor greedy, at::Tensor temperature, at::Tensor top_k, at::Tensor top_p,
-            at::Tensor uniforms, c10::optional<at::Tensor> embed_table, c10::optional<at::Tensor> embed_out) {
+            at::Tensor uniforms, c10::optional<at::Tensor> embed_table, c10::optional<at::Tensor> embed_out,
+            c10::optional<at::Tensor> record_slots, c10::optional<at::Tensor> history_table,
+            c10::optional<at::Tensor> codes_table, c10::optional<at::Tensor> frame_codes, int64_t codes_column) {
   TORCH_CHECK(logits.is_cuda() && (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
               "logits must be a CUDA float32 or bfloat16 tensor");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "logits must be [rows, vocab]");
@@ -503,15 +505,46 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
     TORCH_CHECK(embed_table->dim() == 2 && embed_table->is_contiguous() && embed_table->size(0) == a.vocab &&
                     embed_table->size(1) % 8 == 0,
                 "embed_table must be contiguous [vocab, width] with width a multiple of 8");
-    TORCH_CHECK(embed_out->dim() == 2 && embed_out->is_contiguous() && embed_out->size(0) == rows &&
-                    embed_out->size(1) == embed_table->size(1),
-                "embed_out must be contiguous [rows, width]");
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(embed_table->data_ptr()) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(embed_out->data_ptr()) % 16 == 0,
-                "embed_table and embed_out must be 16-byte aligned");
+    TORCH_CHECK(embed_out->size(0) == rows && embed_out->size(1) == embed_table->size(1),
+                "embed_out must be [rows, width]");
+    check_rows(*embed_out, "embed_out");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(embed_table->data_ptr()) % 16 == 0,
+                "embed_table must be 16-byte aligned");
     a.embed_table = embed_table->data_ptr();
     a.embed_out = embed_out->data_ptr();
     a.embed_width = static_cast<int>(embed_table->size(1));
+    a.embed_stride = static_cast<int>(embed_out->stride(0));
+  }
+  TORCH_CHECK(!(history_table.has_value() || codes_table.has_value()) || record_slots.has_value(),
+              "the records need record_slots");
+  TORCH_CHECK(codes_table.has_value() == frame_codes.has_value(), "codes_table and frame_codes go together");
+  if (record_slots.has_value()) {
+    check(*record_slots, "record_slots", at::kLong);
+    TORCH_CHECK(record_slots->is_contiguous() && record_slots->numel() == rows, "record_slots must be [rows]");
+    a.record_slots = record_slots->data_ptr<int64_t>();
+  }
+  if (history_table.has_value()) {
+    check(*history_table, "history_table", at::kBool);
+    TORCH_CHECK(history_table->dim() == 2 && history_table->stride(1) == 1 && history_table->size(1) == a.vocab,
+                "history_table must be [slots, vocab]");
+    a.history_table = reinterpret_cast<uint8_t*>(history_table->data_ptr<bool>());
+    a.history_stride = history_table->stride(0);
+  }
+  if (codes_table.has_value()) {
+    check(*codes_table, "codes_table", at::kLong);
+    check(*frame_codes, "frame_codes", at::kLong);
+    TORCH_CHECK(codes_table->dim() == 2 && codes_table->is_contiguous() && frame_codes->dim() == 2 &&
+                    frame_codes->is_contiguous() && frame_codes->size(0) == rows &&
+                    frame_codes->size(1) == codes_table->size(1) && codes_column >= 0 &&
+                    codes_column < frame_codes->size(1) && frame_codes->size(1) <= 512,
+                "codes_table [slots, width] and frame_codes [rows, width] must be contiguous, the column inside");
+    TORCH_CHECK(out.data_ptr<int64_t>() == frame_codes->data_ptr<int64_t>() + codes_column &&
+                    out.stride(0) == frame_codes->size(1),
+                "out must be frame_codes' column codes_column");
+    a.codes_table = codes_table->data_ptr<int64_t>();
+    a.frame_codes = frame_codes->data_ptr<int64_t>();
+    a.codes_width = static_cast<int>(frame_codes->size(1));
+    a.codes_column = static_cast<int>(codes_column);
   }
   const c10::cuda::CUDAGuard guard(logits.device());
   ok(q3tts::sample(a, stream()), "sample");

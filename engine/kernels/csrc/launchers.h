@@ -140,7 +140,10 @@ cudaError_t codec_window_attention(void* out, void* next_cache, const void* qkv,
 // row's uniform over w_i = exp(s_i - max) in index order with a float64 running sum.
 // With `embed_table`, the block also writes embed_table[chosen] (a bf16 [vocab, embed_width] table) to
 // row `row` of `embed_out`, so the next step's input needs no kernel of its own (zeros for an id outside
-// the table, which the float rules above never choose).
+// the table, which the float rules above never choose). With `record_slots`, it also records the draw in its
+// row's slot: the cb0 history's bit, or (the frame's last draw) the frame's whole row of codes, read from
+// `frame_codes`, which the frame's earlier draws have written (kernels of one stream: each waited for the
+// one before it).
 struct SamplingArgs {
   const void* logits;        // [rows, vocab], row stride logits_stride: fp32, or bf16 when logits_bf16
   bool logits_bf16;
@@ -163,8 +166,17 @@ struct SamplingArgs {
   int64_t* out;              // [rows], row stride out_stride
   int out_stride;
   const void* embed_table;   // bf16 [vocab, embed_width] or null
-  void* embed_out;           // bf16 [rows, embed_width] contiguous
+  void* embed_out;           // bf16 [rows, embed_width], row stride embed_stride
   int embed_width;           // a multiple of 8
+  int embed_stride;          // a multiple of 8
+  // The frame's records, per row's slot, so that no kernel follows the frame's last draw (null: none):
+  const int64_t* record_slots;  // [rows] each row's slot
+  uint8_t* history_table;       // bool [slots, history_stride]: [slot, chosen] set (the talker's cb0 draw)
+  int64_t history_stride;
+  int64_t* codes_table;         // int64 [slots, codes_width]: row slot <- the row of frame_codes (the last draw)
+  const int64_t* frame_codes;   // int64 [rows, codes_width]; `out` is its column codes_column
+  int codes_width;
+  int codes_column;
 };
 cudaError_t sample(const SamplingArgs& args, cudaStream_t stream);
 

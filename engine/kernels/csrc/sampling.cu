@@ -326,10 +326,23 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     chosen = min(first_last.x, first_last.y);
   }
   if (tid == 0) a.out[static_cast<int64_t>(row) * a.out_stride] = chosen;
+  if (a.record_slots != nullptr) {
+    // `chosen` is the same in every thread; the padded rows of a graph share the scratch slot, whose records
+    // never matter.
+    const int64_t slot = a.record_slots[row];
+    if (a.history_table != nullptr && tid == 0 && chosen >= 0 && chosen < vocab) {
+      a.history_table[slot * a.history_stride + chosen] = 1;
+    }
+    if (a.codes_table != nullptr && tid < a.codes_width) {
+      const int64_t code =
+          tid == a.codes_column ? chosen : a.frame_codes[static_cast<int64_t>(row) * a.codes_width + tid];
+      a.codes_table[slot * a.codes_width + tid] = code;
+    }
+  }
   if (a.embed_table != nullptr) {
     // `chosen` is the same in every thread (block reductions), so the block copies one table row.
     const int vecs = a.embed_width / 8;
-    Bf16x8* dst = static_cast<Bf16x8*>(a.embed_out) + static_cast<int64_t>(row) * vecs;
+    Bf16x8* dst = static_cast<Bf16x8*>(a.embed_out) + static_cast<int64_t>(row) * (a.embed_stride / 8);
     const bool inside = chosen >= 0 && chosen < vocab;
     const Bf16x8* src = static_cast<const Bf16x8*>(a.embed_table) + (inside ? chosen : 0) * vecs;
     for (int c = tid; c < vecs; c += kThreads) {
