@@ -68,6 +68,12 @@ if TYPE_CHECKING:
 
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_SLOTS = 1
+SAMPLERS_RECORD_MAX_ROWS = 32
+"""Rows up to which a decode frame's samplers record it (`ops.DrawRecord`); larger frames record after
+their last draw, the cb0 history on a side stream beside the last codes. H200, frame replays in alternating
+processes against the records after the frame (benchmarks/results/2026-12-03-run114): samplers' records
+0.2-0.4% shorter at 1-16 rows, 2.7% longer at 64 (5.10 -> 5.24 ms, both modes); the side-stream record had
+taken 64 rows 5.26 -> 5.09 ms (run 110)."""
 PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
 on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
@@ -733,7 +739,9 @@ class KernelFrame:
 
         The talker's input reads each slot's last codes in place (`ops.frame_embedding`'s code rows), the
         sampling rows' gathers run beside the talker on a second stream (`_SideStream`), where the frame's
-        chain would wait for each in turn, and the samplers record the frame (`_draw_frames`)."""
+        chain would wait for each in turn, and up to `SAMPLERS_RECORD_MAX_ROWS` rows the samplers record the
+        frame (`_draw_frames`); larger frames record the cb0 history on the side stream, beside the last
+        codes."""
         side = self._side
         rows = state.frame_rows(index, sampling, side.gather)
         t = self.talker
@@ -751,7 +759,14 @@ class KernelFrame:
             out=pair[:, 0],
         )
         side.join()
-        return self._draw_frames(pair, rows, state, index.slots)
+        if pair.shape[0] <= SAMPLERS_RECORD_MAX_ROWS:
+            return self._draw_frames(pair, rows, state, index.slots)
+        codes = self._draw_frames(pair, rows)
+        with side.run():
+            state.record_history(index, codes)
+        state.record_codes(index, codes)
+        side.join()
+        return codes
 
 
 class _SideStream:

@@ -148,8 +148,17 @@ class SlotState:
 
     def record(self, index: StepIndex, codes: Tensor) -> None:
         """A batch's new frames codes [B, 16]: each row's cb0 into its slot's history, its codes as the
-        slot's last frame. (A decode graph's samplers record them themselves: `ops.DrawRecord`.)"""
+        slot's last frame. (A decode graph's samplers record them themselves below 64 rows:
+        `ops.DrawRecord`.)"""
+        self.record_history(index, codes)
+        self.record_codes(index, codes)
+
+    def record_history(self, index: StepIndex, codes: Tensor) -> None:
+        """`record`'s first half: each row's cb0 into its slot's history."""
         self.cb0_history.index_put_((index.slots, codes[:, 0]), self.true)
+
+    def record_codes(self, index: StepIndex, codes: Tensor) -> None:
+        """`record`'s second half: each row's codes as its slot's last frame."""
         self.last_codes.index_copy_(0, index.slots, codes)
 
 

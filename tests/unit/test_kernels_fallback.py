@@ -285,12 +285,19 @@ def test_modes_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
         replace(FAST, weights="int8")  # int8 codes cannot feed an fp8 GEMM
 
 
+@pytest.mark.parametrize("samplers_record", [True, False])
 def test_fast_frame_matches_the_reference_frame_on_cpu(
-    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+    tiny_voice_design_config: VoiceDesignConfig,
+    tiny_tensors: dict[str, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+    samplers_record: bool,
 ) -> None:
     """`KernelFrame.decode_step` (what a decode graph captures: each slot's last codes read in place, the
-    sampling rows gathered and the codes recorded beside the frame on CUDA) computes the eager backend's
-    frame on the CPU fallbacks: the same codes, recorded into the slot state the same way."""
+    sampling rows gathered beside the frame on CUDA, the codes recorded by the samplers or, above
+    `SAMPLERS_RECORD_MAX_ROWS`, after the frame) computes the eager backend's frame on the CPU fallbacks: the
+    same codes, recorded into the slot state the same way."""
+    if not samplers_record:
+        monkeypatch.setattr(graphs, "SAMPLERS_RECORD_MAX_ROWS", 0)
     talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
     predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
     bf16_fast = type(FAST)("fast", "bf16", torch.float32)
