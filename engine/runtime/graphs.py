@@ -73,7 +73,8 @@ SAMPLERS_RECORD_MAX_ROWS = 32
 their last draw, the cb0 history on a side stream beside the last codes. H200, frame replays in alternating
 processes against the records after the frame (benchmarks/results/2026-12-03-run114): samplers' records
 0.2-0.4% shorter at 1-16 rows, 2.7% longer at 64 (5.10 -> 5.24 ms, both modes); the side-stream record had
-taken 64 rows 5.26 -> 5.09 ms (run 110)."""
+taken 64 rows 5.26 -> 5.09 ms (run 110). With this split (run 115): 4-16 rows 0.1-0.5% shorter, 64 rows
+5.10 -> 5.08 ms."""
 PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
 on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
