@@ -79,6 +79,11 @@ def _rows(x: Tensor) -> Tensor | None:
     return rows
 
 
+def _unit_rows(t: Tensor) -> bool:
+    """Whether a 2-D tensor is rows the kernels can write as it is (`_rows` without a reshape)."""
+    return t.dim() == 2 and _rows(t) is not None
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dim (reference: layers.rms_norm). Kernel tolerance: 1 bf16 ulp."""
     ext = _ext(x, weight)
@@ -94,8 +99,7 @@ def add_rms_norm_(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor | None = None
 ) -> Tensor:
     """residual <- residual + x in place; returns rms_norm(residual). One pass over both in the kernel. `out`:
-    where the norm is written ([rows, hidden] with unit inner stride, such as every second row of a buffer),
-    instead of a new tensor."""
+    where the norm is written ([rows, hidden], such as every second row of a buffer), not a new tensor."""
     ext = _ext(x, residual, weight)
     rows, res = (_rows(x), _rows(residual)) if ext is not None else (None, None)
     if out is not None and out.shape[-1] != x.shape[-1]:
@@ -106,7 +110,7 @@ def add_rms_norm_(
         or res is None
         or rows.stride() != res.stride()
         or x.shape[-1] % 8
-        or not (out is None or (out.dim() == 2 and out.stride(1) == 1 and out.stride(0) % 8 == 0))
+        or not (out is None or _unit_rows(out))
     ):
         normed = reference.add_rms_norm_(x, residual, weight, eps)
         return normed if out is None else out.copy_(normed.view(out.shape))
@@ -770,7 +774,8 @@ def _sample(
     if talker is not None:
         history, frames_generated, eos_id = talker
     ext = _sampler_ext(logits)
-    if ext is None or not _embeds_in_kernel(table) or not _records_in_kernel(record, out, embed_out):
+    column = _codes_column(out, record)
+    if ext is None or not _embeds_in_kernel(table) or not _records_in_kernel(record, column, embed_out):
         banned = None
         if frames_generated is not None:
             banned = sampling.talker_banned_tokens(frames_generated, logits.shape[-1], eos_id)
@@ -803,7 +808,7 @@ def _sample(
         None if record is None else record.history,
         None if record is None else record.last_codes,
         None if record is None else record.frame_codes,
-        _codes_column(out, record),
+        column,
     )
     return out, embedded
 
@@ -823,15 +828,10 @@ def _into(out: Tensor | None, codes: Tensor) -> Tensor:
     return codes if out is None else out.copy_(codes)
 
 
-def _records_in_kernel(record: DrawRecord | None, out: Tensor | None, embed_out: Tensor | None) -> bool:
-    """Whether the sampling kernel takes these records and outputs (its binding's layouts): else the reference
-    runs the draw and `DrawRecord.apply`."""
-    if embed_out is not None and not (
-        embed_out.dim() == 2
-        and embed_out.stride(1) == 1
-        and embed_out.stride(0) % 8 == 0
-        and embed_out.data_ptr() % 16 == 0
-    ):
+def _records_in_kernel(record: DrawRecord | None, column: int, embed_out: Tensor | None) -> bool:
+    """Whether the sampling kernel takes these records and outputs (its binding's layouts; `column`:
+    `_codes_column`'s): else the reference runs the draw and `DrawRecord.apply`."""
+    if embed_out is not None and not _unit_rows(embed_out):
         return False
     if record is None:
         return True
@@ -842,13 +842,7 @@ def _records_in_kernel(record: DrawRecord | None, out: Tensor | None, embed_out:
     if record.last_codes is None:
         return True
     frame = record.frame_codes
-    return (
-        frame is not None
-        and out is not None
-        and record.last_codes.is_contiguous()
-        and frame.is_contiguous()
-        and _codes_column(out, record) >= 0
-    )
+    return frame is not None and record.last_codes.is_contiguous() and frame.is_contiguous() and column >= 0
 
 
 def _codes_column(out: Tensor | None, record: DrawRecord | None) -> int:

@@ -148,8 +148,8 @@ class SlotState:
 
     def record(self, index: StepIndex, codes: Tensor) -> None:
         """A batch's new frames codes [B, 16]: each row's cb0 into its slot's history, its codes as the
-        slot's last frame. (A decode graph's samplers record them themselves below 64 rows:
-        `ops.DrawRecord`.)"""
+        slot's last frame. (A decode graph's samplers record them themselves up to
+        `graphs.SAMPLERS_RECORD_MAX_ROWS` rows: `ops.DrawRecord`.)"""
         self.record_history(index, codes)
         self.record_codes(index, codes)
 
