@@ -14,15 +14,30 @@ Usage: python benchmarks/device/lockstep_codec_priority.py --model SNAPSHOT --ou
 from __future__ import annotations
 
 import json
+from functools import partial
+from typing import Any
 
 import torch
 from common import load_timing_engine, measurement_parser, modes_result, record_medians
-from ttfa_codec_stream import first_packet_parts, synthesize_ms
+from ttfa_codec_stream import StreamVariants, first_audio_figures, stream_priorities, variant_round
 
 from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
 
 LOCKSTEP_FRAMES = 32  # the bench's --concurrency-frames in run_all.sh
 LEVELS = (64, 16)
+
+
+def round_figures(engine: Any, run: int) -> dict[str, float]:
+    """A round's figures under one variant: the lockstep levels, then `first_audio_figures`."""
+    figures: dict[str, float] = {}
+    for streams in LEVELS:
+        level = run_concurrent(engine, streams, LOCKSTEP_FRAMES, 60)
+        figures[f"lockstep_{streams}_aggregate_rtf"] = level["aggregate_rtf"]
+        figures[f"lockstep_{streams}_worst_stream_rtf"] = level["worst_stream_rtf"]
+        figures[f"lockstep_{streams}_prefill_s"] = level["prefill_s"]
+    figures.update(first_audio_figures(engine, run))
+    torch.cuda.synchronize()
+    return figures
 
 
 def main() -> int:
@@ -39,34 +54,15 @@ def main() -> int:
         own_stream, main_stream = backend.stream, torch.cuda.current_stream()
         even = torch.cuda.Stream(priority=0)
         above_codec = torch.cuda.Stream(priority=even.priority - 1)
-        # variant: (the codec graphs' stream, the stream the engine runs its frames from)
-        variants = {
+        variants: StreamVariants = {
             "codec_high": (own_stream, main_stream),
             "codec_even": (even, main_stream),
             "codec_below": (even, above_codec),
         }
-        result.setdefault("stream_priorities", {})[mode] = {
-            name: [codec.priority, frames.priority] for name, (codec, frames) in variants.items()
-        }
+        result.setdefault("stream_priorities", {})[mode] = stream_priorities(variants)
         samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in variants}
         for run in range(args.rounds + 1):
-            for variant, (codec_stream, frame_stream) in variants.items():
-                backend.stream = codec_stream
-                figures: dict[str, float] = {}
-                with torch.cuda.stream(frame_stream):
-                    for streams in LEVELS:
-                        level = run_concurrent(engine, streams, LOCKSTEP_FRAMES, 60)
-                        figures[f"lockstep_{streams}_aggregate_rtf"] = level["aggregate_rtf"]
-                        figures[f"lockstep_{streams}_worst_stream_rtf"] = level["worst_stream_rtf"]
-                        figures[f"lockstep_{streams}_prefill_s"] = level["prefill_s"]
-                    figures.update(first_packet_parts(engine, seed=run))
-                    ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
-                    figures.update(synthesize_ttfa_ms=ttfa, synthesize_rtf=rtf)
-                torch.cuda.synchronize()
-                if run == 0:
-                    continue  # warm-up
-                for key, value in figures.items():
-                    samples[variant].setdefault(key, []).append(value)
+            variant_round(backend, variants, partial(round_figures, engine, run), samples, keep=run > 0)
         backend.stream = own_stream
         record_medians(result, mode, samples)
         del engine

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 from common import load_timing_engine, measurement_parser, modes_result, record_medians
@@ -21,6 +24,32 @@ from qwen3_tts_native.commands.bench import FRAME_SECONDS, make_request, zero_eo
 from qwen3_tts_native.engine.runtime.engine import VoiceDesignEngine
 
 RUNS = 12
+StreamVariants = dict[str, tuple[torch.cuda.Stream, torch.cuda.Stream]]
+"""variant name -> (the codec graphs' stream, the stream the engine runs its frames from)"""
+
+
+def stream_priorities(variants: StreamVariants) -> dict[str, list[int]]:
+    """Each variant's [codec stream priority, frame stream priority], for the JSON written."""
+    return {name: [codec.priority, frames.priority] for name, (codec, frames) in variants.items()}
+
+
+def variant_round(
+    backend: Any,
+    variants: StreamVariants,
+    measure: Callable[[], dict[str, float]],
+    samples: dict[str, dict[str, list[float]]],
+    keep: bool,
+) -> None:
+    """One round: `measure()` under each variant in turn, the codec backend's stream set and the frames run
+    from the variant's stream; its figures are appended to samples[variant] unless `keep` is False (a
+    warm-up). The backend keeps the last variant's stream: the caller restores its own."""
+    for variant, (codec_stream, frame_stream) in variants.items():
+        backend.stream = codec_stream
+        with torch.cuda.stream(frame_stream):
+            figures = measure()
+        if keep:
+            for key, value in figures.items():
+                samples[variant].setdefault(key, []).append(value)
 
 
 def first_packet_parts(engine: VoiceDesignEngine, seed: int) -> dict[str, float]:
@@ -50,6 +79,13 @@ def synthesize_ms(engine: VoiceDesignEngine, frames: int, seed: int) -> tuple[fl
     return (first - start) * 1000, (time.perf_counter() - start) / (produced * FRAME_SECONDS)
 
 
+def first_audio_figures(engine: VoiceDesignEngine, run: int) -> dict[str, float]:
+    """A round's one-stream figures: the first packet's parts, a 48-frame request's first audio and RTF."""
+    parts = first_packet_parts(engine, seed=run)
+    ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
+    return {**parts, "synthesize_ttfa_ms": ttfa, "synthesize_rtf": rtf}
+
+
 def main() -> int:
     args = measurement_parser(__doc__).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -61,27 +97,16 @@ def main() -> int:
         assert backend is not None
         own_stream, main_stream = backend.stream, torch.cuda.current_stream()
         above_codec = torch.cuda.Stream(priority=own_stream.priority - 1)
-        # variant: (the codec graphs' stream, the stream the engine runs its frames from)
-        variants = {
+        variants: StreamVariants = {
             "own_stream": (own_stream, main_stream),
             "own_stream_default_priority": (torch.cuda.Stream(priority=0), main_stream),
             "main_stream": (main_stream, main_stream),
             "frames_above_codec": (own_stream, above_codec),
         }
-        result.setdefault("stream_priorities", {})[mode] = {
-            name: [codec.priority, frames.priority] for name, (codec, frames) in variants.items()
-        }
+        result.setdefault("stream_priorities", {})[mode] = stream_priorities(variants)
         samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in [*variants, "frame_loop"]}
         for run in range(RUNS + 1):
-            for variant, (codec_stream, frame_stream) in variants.items():
-                backend.stream = codec_stream
-                with torch.cuda.stream(frame_stream):
-                    parts = first_packet_parts(engine, seed=run)
-                    ttfa, rtf = synthesize_ms(engine, 48, seed=100 + run)
-                if run == 0:
-                    continue  # warm-up
-                for key, value in {**parts, "synthesize_ttfa_ms": ttfa, "synthesize_rtf": rtf}.items():
-                    samples[variant].setdefault(key, []).append(value)
+            variant_round(backend, variants, partial(first_audio_figures, engine, run), samples, keep=run > 0)
             start = time.perf_counter()
             codes = engine.generate_codes(make_request(48, seed=100 + run))
             if run:
