@@ -87,9 +87,41 @@ prompt ran 256 rows with powers of two). A pass of more rows runs eagerly, unpad
 bounds what the graphs add to the footprint (the attention workspace grows as rows x context)."""
 
 
+BUCKETED_PASSES_MAX = 8
+"""Prompts that fit the largest of `PROMPT_BUCKETS` in at most this many passes run as those passes, each
+replayed from its bucket's graph, instead of as one eager pass of all their rows. The eager pass is about
+2,000 host ops (run 91), so a prefill of a few sessions waited on the host: 3 sessions of the bench's 152-token
+prompt took 15-26 ms against a GPU pass of a few. More passes read the weights once each: above this count
+the one eager pass is shorter (run 119)."""
+
+
 def prompt_pass_rows(rows: int) -> int:
     """The rows a prompt pass of `rows` tokens runs: its bucket, or `rows` above the largest."""
     return next((bucket for bucket in PROMPT_BUCKETS if bucket >= rows), rows)
+
+
+def prompt_passes(lengths: list[int]) -> list[slice]:
+    """How prompts of these lengths (in tokens) split into passes of whole prompts, in order: passes within
+    the largest bucket when there are at most `BUCKETED_PASSES_MAX` of them, else passes of at most
+    `PREFILL_ROWS` rows (a longer prompt runs alone)."""
+
+    def packed(budget: int) -> list[slice]:
+        passes, start = [], 0
+        while start < len(lengths):
+            stop, rows = start + 1, lengths[start]
+            while stop < len(lengths) and rows + lengths[stop] <= budget:
+                rows += lengths[stop]
+                stop += 1
+            passes.append(slice(start, stop))
+            start = stop
+        return passes
+
+    largest = PROMPT_BUCKETS[-1]
+    if lengths and max(lengths) <= largest:
+        bucketed = packed(largest)
+        if len(bucketed) <= BUCKETED_PASSES_MAX:
+            return bucketed
+    return packed(PREFILL_ROWS)
 
 
 @dataclass(frozen=True)
@@ -525,20 +557,13 @@ class KernelFrame:
 
         Rows of different slots do not interact: each layer writes every row's K/V before its attention
         reads any, and attention reads each row's own slot up to the row's position, so a row sees exactly
-        its own prompt's prefix. Passes hold whole prompts of at most `PREFILL_ROWS` rows in all.
+        its own prompt's prefix. The prompts run in the passes of `prompt_passes`.
         """
-        hidden = []
-        start = 0
-        while start < len(prompts):
-            stop, rows = start + 1, prompts[start].shape[0]
-            while stop < len(prompts) and rows + prompts[stop].shape[0] <= PREFILL_ROWS:
-                rows += prompts[stop].shape[0]
-                stop += 1
-            hidden.append(self._prompt_pass(prompts[start:stop], slots[start:stop], cache))
-            start = stop
+        passes = prompt_passes([p.shape[0] for p in prompts])
+        hidden = [self.prompt_pass(prompts[part], slots[part], cache) for part in passes]
         return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
 
-    def _prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
+    def prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
         """One pass over whole prompts, padded to `prompt_pass_rows` (the rows a graph replay would run, so
         that this eager pass and the graph compute the same products); above the largest bucket, unpadded
         and attending through `PromptSequences`."""
@@ -1031,18 +1056,23 @@ class GraphFrameBackend:
         return step.recorded_frames(state, rows, sampling, lambda r: self._complete_frames(hidden, r))
 
     def _prefill_hidden(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        """`KernelFrame.prefill_hidden_many` on the prompt graph of the pass's bucket when the prompts fit the
-        largest one (the same padded pass, replayed), else eagerly."""
-        total = sum(p.shape[0] for p in prompts)
-        bucket = prompt_pass_rows(total)
-        if bucket not in PROMPT_BUCKETS:
-            return self.frame.prefill_hidden_many(prompts, slots, cache)
-        rows, ends = PromptRows.of(prompts, slots, bucket)
-        static = self._prompt_static(bucket, cache, rows.embeds)
-        static.rows.load(rows)
-        assert static.graph is not None and static.out is not None
-        static.graph.replay()
-        return static.out.index_select(0, ends)
+        """`KernelFrame.prefill_hidden_many`'s passes, each that fits a bucket replayed on that bucket's
+        prompt graph (the same padded pass), any other run eagerly."""
+        hidden = []
+        for part in prompt_passes([p.shape[0] for p in prompts]):
+            group, group_slots = prompts[part], slots[part]
+            bucket = prompt_pass_rows(sum(p.shape[0] for p in group))
+            if bucket not in PROMPT_BUCKETS:
+                hidden.append(self.frame.prompt_pass(group, group_slots, cache))
+                continue
+            rows, ends = PromptRows.of(group, group_slots, bucket)
+            static = self._prompt_static(bucket, cache, rows.embeds)
+            static.rows.load(rows)
+            assert static.graph is not None and static.out is not None
+            static.graph.replay()
+            # A new tensor, taken before the next replay of this bucket overwrites the graph's output.
+            hidden.append(static.out.index_select(0, ends))
+        return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
 
     def _complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
         """Frame 0 of B prefilled sessions from their hidden [B, H], on the complete-frames graph of the

@@ -265,8 +265,9 @@ LONG_TEXT = (
     "new laboratory, and after a long discussion it agreed to postpone the decision until the spring, when "
     "the final figures from the last quarter would be known to everyone involved."
 )
-PACKED = [replace(r, text=f"{r.text} {LONG_TEXT}") for r in BATCHED]
-"""The same four with prompts long enough that their pass is above `PROMPT_BUCKETS`."""
+LONG = [replace(r, text=f"{r.text} {LONG_TEXT}") for r in BATCHED]
+"""The same four with prompts too long to share the largest of `PROMPT_BUCKETS`: passes of their own within
+it (`prompt_passes`), or one pass above it when `BUCKETED_PASSES_MAX` allows fewer passes."""
 
 
 def run_batched(
@@ -294,16 +295,29 @@ def run_batched(
     return [torch.stack(f) for f in frames]
 
 
-@pytest.mark.parametrize("name,requests", [("batched", BATCHED), ("packed", PACKED)])
+@pytest.mark.parametrize(
+    "name,requests,passes_max",
+    [
+        ("batched", BATCHED, graphs.BUCKETED_PASSES_MAX),
+        ("bucketed", LONG, graphs.BUCKETED_PASSES_MAX),
+        ("packed", LONG, 1),
+    ],
+)
 def test_batched_prefill_replays_the_eager_kernels(
-    engine: VoiceDesignEngine, report_dir: Path, name: str, requests: list[SynthesisRequest]
+    engine: VoiceDesignEngine,
+    report_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    requests: list[SynthesisRequest],
+    passes_max: int,
 ) -> None:
-    """Exact mode: `prefill_many` (all prompts as rows of one kernel pass: a bucketed one replayed, or one
-    above the buckets, eager and attending per prompt; frame 0 on the complete-frames graph of bucket 4) and
-    the steps after it equal the same kernels run eagerly, bit for bit; each prompt's last hidden from the
-    batched pass stays within LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS
-    rounds a product of M = all rows differently from M = one prompt; flash attention rounds unlike the
-    decode kernel)."""
+    """Exact mode: `prefill_many` (the prompts as rows of one kernel pass within a bucket, replayed; as
+    several such passes; or as one pass above the buckets, eager and attending per prompt; frame 0 on the
+    complete-frames graph of bucket 4) and the steps after it equal the same kernels run eagerly, bit for bit;
+    each prompt's last hidden from the batched passes stays within LOGIT_TOLERANCE (talker logits, relative
+    L2) of its single-prompt pass (cuBLAS rounds a product of M = all rows differently from M = one prompt;
+    flash attention rounds unlike the decode kernel)."""
+    monkeypatch.setattr(graphs, "BUCKETED_PASSES_MAX", passes_max)
     eager_engine = fresh_engine(engine)
     eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
     eager = run_batched(eager_engine, requests)
@@ -319,7 +333,13 @@ def test_batched_prefill_replays_the_eager_kernels(
     sessions = [engine.start_session(r) for r in requests]
     try:
         prompts = [s.prompt for s in sessions if s.prompt is not None]
-        assert (sum(p.shape[0] for p in prompts) > graphs.PROMPT_BUCKETS[-1]) == (name == "packed")
+        passes = [
+            sum(p.shape[0] for p in prompts[part])
+            for part in graphs.prompt_passes([p.shape[0] for p in prompts])
+        ]
+        largest = graphs.PROMPT_BUCKETS[-1]
+        shapes = {"batched": len(passes) == 1, "bucketed": len(passes) > 1 and max(passes) <= largest}
+        assert shapes.get(name, len(passes) == 1 and passes[0] > largest), passes
         cache = engine.talker.new_cache(len(prompts), engine.max_context)
         slots = torch.arange(len(prompts), device=engine.device)
         together = frame.logits(frame.prefill_hidden_many(prompts, slots, cache))
@@ -332,6 +352,7 @@ def test_batched_prefill_replays_the_eager_kernels(
     rel = ((together - alone).norm(dim=-1) / alone.norm(dim=-1)).tolist()
     report = {
         "prompt_lengths": [p.shape[0] for p in prompts],
+        "pass_rows": passes,
         "batched_vs_single_prompt_logit_rel_l2": rel,
         "cb0_argmax_agreement": float((together.argmax(-1) == alone.argmax(-1)).float().mean()),
     }

@@ -211,7 +211,9 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     return backend
 
 
-@pytest.mark.parametrize("buckets,prompt_buckets", [((1, 2, 4), graphs.PROMPT_BUCKETS), ((3,), (16,))])
+@pytest.mark.parametrize(
+    "buckets,prompt_buckets", [((1, 2, 4), graphs.PROMPT_BUCKETS), ((1, 2, 4), (24,)), ((3,), (16,))]
+)
 def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
     tiny_voice_design_config: VoiceDesignConfig,
     tiny_tensors: dict[str, Tensor],
@@ -221,8 +223,9 @@ def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
 ) -> None:
     """The graph backend's bookkeeping around its replays, on CPU: sessions prefilled together and joining
     and leaving a running batch (padded rows, stale padding inputs, buckets of 3 cut into chunks, sampling
-    rows reused or replaced; prompt passes replayed in their bucket, or run eagerly above the largest one)
-    give each session exactly its solo codes on the eager kernel frame."""
+    rows reused or replaced; prompt passes replayed in their bucket, one pass or one for each prompt (the
+    first two prompts, 20 and 9 tokens, in buckets of 24), or run eagerly above the largest one) give each
+    session exactly its solo codes on the eager kernel frame."""
     monkeypatch.setattr(graphs, "PROMPT_BUCKETS", prompt_buckets)
     eager = make_engine(tiny_voice_design_config, tiny_tensors)
     eager.frame_backend = graphs.KernelFrameBackend(eager.talker, eager.predictor, EXACT)

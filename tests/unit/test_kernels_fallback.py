@@ -383,7 +383,8 @@ def test_fast_prefill_of_several_prompts_equals_each_prompt_alone_on_cpu(
 ) -> None:
     """Several sessions' prompts as the rows of one kernel pass (each row at its own position in its own
     slot) give each session exactly its single-prompt pass, hidden and cache (the CPU fallback is exact per
-    row), also when the pass is cut in two; their frames completed together equal those completed alone."""
+    row), also when the prompts are cut into two passes (`prompt_passes`: within a bucket, or above them);
+    their frames completed together equal those completed alone."""
     talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
     predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
     fast = KernelFrame(talker, predictor, type(FAST)("fast", "bf16", torch.float32))
@@ -417,13 +418,20 @@ def test_fast_prefill_of_several_prompts_equals_each_prompt_alone_on_cpu(
             [fast.prefill_hidden(p, slots[i : i + 1], alone_cache) for i, p in enumerate(prompts)]
         )
         one_by_one = torch.cat([fast.complete_frames(alone[i : i + 1], r) for i, r in enumerate(rows)])
-        for budget in (graphs.PREFILL_ROWS, 12):  # 12: passes of [11] and [4, 7] rows
-            monkeypatch.setattr(graphs, "PREFILL_ROWS", budget)
-            cache = talker.new_cache(4, 32)
-            together = fast.prefill_hidden_many(prompts, slots, cache)
-            assert torch.equal(together, alone), budget
-            assert torch.equal(cache.k, alone_cache.k) and torch.equal(cache.v, alone_cache.v), budget
-            assert torch.equal(fast.complete_frames(together, batch_rows), one_by_one), budget
+        splits = {
+            "one pass": {},
+            "passes of [11] and [4, 7] within a 12-row bucket": {"PROMPT_BUCKETS": (12,)},
+            "passes of [11] and [4, 7] above the buckets": {"BUCKETED_PASSES_MAX": 0, "PREFILL_ROWS": 12},
+        }
+        for split, settings in splits.items():
+            with monkeypatch.context() as patch:
+                for name, value in settings.items():
+                    patch.setattr(graphs, name, value)
+                cache = talker.new_cache(4, 32)
+                together = fast.prefill_hidden_many(prompts, slots, cache)
+            assert torch.equal(together, alone), split
+            assert torch.equal(cache.k, alone_cache.k) and torch.equal(cache.v, alone_cache.v), split
+            assert torch.equal(fast.complete_frames(together, batch_rows), one_by_one), split
 
 
 def test_codec_pool_gather_scatter_equals_separate_streams(
@@ -470,6 +478,20 @@ def test_session_uniform_blocks_equal_frame_by_frame_draws() -> None:
         [torch.rand(16, generator=g, dtype=torch.float64) for _ in range(2 * UNIFORM_BLOCK_FRAMES)]
     )
     assert torch.equal(got, expected)
+
+
+def test_prompts_fill_bucketed_passes_while_they_are_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole prompts, in order, in passes within the largest bucket (each a graph replay) while at most
+    `BUCKETED_PASSES_MAX` of them; otherwise, or with a prompt longer than the largest bucket, in passes of up
+    to `PREFILL_ROWS` rows."""
+    monkeypatch.setattr(graphs, "PROMPT_BUCKETS", (8, 16))
+    monkeypatch.setattr(graphs, "PREFILL_ROWS", 40)
+    monkeypatch.setattr(graphs, "BUCKETED_PASSES_MAX", 3)
+    assert graphs.prompt_passes([10, 5, 10]) == [slice(0, 2), slice(2, 3)]
+    assert graphs.prompt_passes([10, 10, 10]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert graphs.prompt_passes([10, 10, 10, 10]) == [slice(0, 4)]
+    assert graphs.prompt_passes([20, 5]) == [slice(0, 2)]
+    assert graphs.prompt_passes([30, 5, 10]) == [slice(0, 2), slice(2, 3)]
 
 
 def test_prompt_passes_are_padded_with_their_last_token() -> None:
