@@ -28,7 +28,6 @@ import json
 import statistics
 import time
 import traceback
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -90,28 +89,17 @@ class SmPartition:
 
 
 def frame_capture_on(backend: GraphFrameBackend, stream: torch.cuda.Stream) -> None:
-    """Decode graphs captured from now on are captured on `stream` (the prompt and complete-frames graphs
-    keep the shipped capture); every graph is dropped first."""
-    shipped = GraphFrameBackend._capture.__get__(backend)
-
-    def capture(run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=backend._pool, stream=stream):
-            out = run()
-        return graph, out
+    """Decode graphs captured from now on are captured on `stream` (torch's default capture stream while
+    `_decode_static` runs; the prompt and complete-frames graphs keep the shipped one); every graph is
+    dropped first."""
 
     def decode_static(*args: Any) -> Any:
-        backend._capture = capture  # type: ignore[method-assign]
+        shipped = torch.cuda.graph.default_capture_stream
+        torch.cuda.graph.default_capture_stream = stream
         try:
             return GraphFrameBackend._decode_static(backend, *args)
         finally:
-            backend._capture = shipped  # type: ignore[method-assign]
+            torch.cuda.graph.default_capture_stream = shipped
 
     backend.release_graphs()
     backend._decode_static = decode_static  # type: ignore[method-assign,assignment]

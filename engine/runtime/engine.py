@@ -253,7 +253,7 @@ class VoiceDesignEngine:
 
     def prefill_many(self, sessions: list[Session]) -> list[FrameResult]:
         """`prefill` for B fresh sessions in one backend call: their prompts and their frame 0 together
-        (on CUDA one prompt pass and one frame graph, instead of B of each)."""
+        (on CUDA the prompt passes of `graphs.prompt_passes` and one frame-0 graph, instead of B of each)."""
         if not sessions:
             return []
         return self._all(self.collect_step(self.launch_prefill(sessions)))

@@ -19,12 +19,14 @@ eviction priorities: a share of the predictor's weights stays in the L2 between 
 so inside the graph a kernel's launch overlaps the end of the one before it. Larger products run on cuBLAS
 (F.linear, bf16 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8
 rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
-of all the sessions prefilled together are the rows of one pass, one row per token
+of the sessions prefilled together are the rows of a pass, one row per token
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of the
-batch's bucket. A pass above the largest prompt bucket (several sessions prefilled together, or a long
-prompt) has no graph (eager, it is as fast as replayed: run 94) and attends through torch's varlen flash
-attention over each prompt (`PromptSequences`) instead of the per-row decode kernel. Modes (runtime/modes.py)
-differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and fast's products of many rows
+batch's bucket. The prompts of a few sessions run as passes within the largest prompt bucket, each replayed
+from its graph (`prompt_passes`, `BUCKETED_PASSES_MAX`). A pass above the largest bucket (more sessions, or a
+long prompt) has no graph (eager; at 16 and 64 sessions as fast as replayed, run 94) and attends through
+torch's varlen flash attention over each prompt (`PromptSequences`) instead of the per-row decode kernel.
+Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and
+fast's products of many rows
 (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
@@ -87,12 +89,13 @@ prompt ran 256 rows with powers of two). A pass of more rows runs eagerly, unpad
 bounds what the graphs add to the footprint (the attention workspace grows as rows x context)."""
 
 
-BUCKETED_PASSES_MAX = 8
+BUCKETED_PASSES_MAX = 4
 """Prompts that fit the largest of `PROMPT_BUCKETS` in at most this many passes run as those passes, each
-replayed from its bucket's graph, instead of as one eager pass of all their rows. The eager pass is about
-2,000 host ops (run 91), so a prefill of a few sessions waited on the host: 3 sessions of the bench's 152-token
-prompt took 15-26 ms against a GPU pass of a few. More passes read the weights once each: above this count
-the one eager pass is shorter (run 119)."""
+replayed from its bucket's graph, instead of one eager pass of all their rows. The eager pass is about
+2,000 host ops (run 91) and waits on the host; a replayed pass is ~2.5 ms and reads the weights again. H200,
+the bench's 152-token prompt, a pass a session (run 119, medians in one process): 2 / 3 / 4 sessions 7.9-8.4
+/ 10.3-10.8 / 13.0-13.5 ms against 12.5-23.6 ms eager; 6 sessions won in fast mode (18.2 against 26.0 ms) but
+not in exact (18.2 against 14.6); from 8 on the eager pass wins (16 sessions 43 against 20-28 ms)."""
 
 
 def prompt_pass_rows(rows: int) -> int:
