@@ -26,8 +26,7 @@ from its graph (`prompt_passes`, `BUCKETED_PASSES_MAX`). A pass above the larges
 long prompt) has no graph (eager; at 16 and 64 sessions as fast as replayed, run 94) and attends through
 torch's varlen flash attention over each prompt (`PromptSequences`) instead of the per-row decode kernel.
 Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and
-fast's products of many rows
-(prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
+fast's products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
