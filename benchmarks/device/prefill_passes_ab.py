@@ -8,9 +8,9 @@ waits on the host: 3 sessions of the bench's 152-token prompt took 15 ms on run 
 weights again, so past some number of passes the one eager pass wins. The figures set
 `graphs.BUCKETED_PASSES_MAX`.
 
-Per mode and session count (`--streams`): `prefill_many`'s wall time (sessions opened before the clock starts,
-as the bench's lockstep does), median of `--rounds`; and the bench's lockstep at `--lockstep` streams
-(`run_concurrent`, 32 frames): aggregate RTF and prefill.
+Per mode and session count (`--streams`): `prefill_many`'s wall time (`prefill_profile.prefill_s`: sessions
+opened before the clock starts, as the bench's lockstep does), median of `--rounds`; and the bench's lockstep
+at `--lockstep` streams (`run_concurrent`, 32 frames): aggregate RTF and prefill.
 
 Usage: python benchmarks/device/prefill_passes_ab.py --model SNAPSHOT --out DIR [--modes fast]
 """
@@ -18,13 +18,13 @@ Usage: python benchmarks/device/prefill_passes_ab.py --model SNAPSHOT --out DIR 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import torch
 from common import comma_ints, load_timing_engine, measurement_parser, modes_result, record_medians
+from prefill_profile import prefill_s
 
-from qwen3_tts_native.commands.bench import make_request, run_concurrent, zero_eos_copy
+from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
 from qwen3_tts_native.engine.runtime import graphs
 
 VARIANTS = {"one_eager_pass": 0, "bucketed_passes": 1 << 20}
@@ -32,20 +32,8 @@ VARIANTS = {"one_eager_pass": 0, "bucketed_passes": 1 << 20}
 LOCKSTEP_FRAMES = 32
 
 
-def prefill_ms(engine: Any, streams: int, seed: int) -> float:
-    sessions = [engine.start_session(make_request(LOCKSTEP_FRAMES, seed=seed + i)) for i in range(streams)]
-    try:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        engine.prefill_many(sessions)
-        return (time.perf_counter() - start) * 1000
-    finally:
-        for session in sessions:
-            engine.release(session)
-
-
-def round_figures(engine: Any, args: Any, seed: int) -> dict[str, float]:
-    figures = {f"prefill_{n}_ms": prefill_ms(engine, n, seed) for n in args.streams}
+def round_figures(engine: Any, args: Any) -> dict[str, float]:
+    figures = {f"prefill_{n}_ms": prefill_s(engine, n) * 1000 for n in args.streams}
     for streams in args.lockstep:
         level = run_concurrent(engine, streams, LOCKSTEP_FRAMES, 60)
         figures[f"lockstep_{streams}_aggregate_rtf"] = level["aggregate_rtf"]
@@ -69,7 +57,7 @@ def main() -> int:
         for run in range(args.rounds + 1):
             for variant, passes_max in VARIANTS.items():
                 graphs.BUCKETED_PASSES_MAX = passes_max
-                figures = round_figures(engine, args, seed=100 * run)
+                figures = round_figures(engine, args)
                 if run:
                     for key, value in figures.items():
                         samples[variant].setdefault(key, []).append(value)
