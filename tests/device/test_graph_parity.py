@@ -338,8 +338,12 @@ def test_batched_prefill_replays_the_eager_kernels(
             for part in graphs.prompt_passes([p.shape[0] for p in prompts])
         ]
         largest = graphs.PROMPT_BUCKETS[-1]
-        shapes = {"batched": len(passes) == 1, "bucketed": len(passes) > 1 and max(passes) <= largest}
-        assert shapes.get(name, len(passes) == 1 and passes[0] > largest), passes
+        shapes = {
+            "batched": len(passes) == 1 and passes[0] <= largest,
+            "bucketed": len(passes) > 1 and max(passes) <= largest,
+            "packed": len(passes) == 1 and passes[0] > largest,
+        }
+        assert shapes[name], passes
         cache = engine.talker.new_cache(len(prompts), engine.max_context)
         slots = torch.arange(len(prompts), device=engine.device)
         together = frame.logits(frame.prefill_hidden_many(prompts, slots, cache))
