@@ -1,23 +1,29 @@
-"""A/B of a multi-session prefill as bucketed passes (each prompt group within the largest prompt bucket,
-replayed from its graph: `graphs.prompt_passes`) against one eager pass of all the prompts, on a full random
-snapshot, in one process, variants alternating round by round.
+"""A/B of how a multi-session prefill's prompt passes run, on a full random snapshot, in one process, variants
+alternating round by round (`--variants`, each a setting of engine/runtime/graphs.py):
+- `one_packed_pass` against `bucketed_passes` (and the shipped `packed_graphs`): a few sessions' prompts as
+  bucketed passes (each prompt group within the largest prompt bucket, replayed from its graph:
+  `graphs.prompt_passes`) or as one pass above the buckets. The figures set `graphs.BUCKETED_PASSES_MAX`.
+- `packed_eager` against `packed_graphs` (the shipped settings): a pass above the prompt buckets run
+  eagerly and unpadded, or padded to a `graphs.PACKED_PROMPT_BUCKETS` entry and replayed from its graph.
 
-Why: the eager pass above the prompt buckets is about 2,000 host ops (run 91). A prefill of a few sessions
-waits on the host: 3 sessions of the bench's 152-token prompt took 15 ms on run 111's host and 26 ms on run
-117's, against a few ms of GPU. Bucketed passes are a handful of host ops each, but each pass reads the
-weights again, so past some number of passes the one eager pass wins. The figures set
-`graphs.BUCKETED_PASSES_MAX`.
+Why: the eager pass above the prompt buckets is about 2,000 host ops (run 91), so a prefill of several
+sessions waits on the host where the host is slow: fast's 64-stream prefill took 50 ms on run 111's host and
+91 ms on run 117's, with the same GPU work. Replayed passes are a handful of host ops each; bucketed ones read
+the weights again a pass, packed ones run up to 255 padding rows.
 
 Per mode and session count (`--streams`): `prefill_many`'s wall time (`prefill_profile.prefill_s`: sessions
 opened before the clock starts, as the bench's lockstep does), median of `--rounds`; and the bench's lockstep
-at `--lockstep` streams (`run_concurrent`, 32 frames): aggregate RTF and prefill.
+at `--lockstep` streams (`run_concurrent`, 32 frames): aggregate RTF and prefill. `load_s`: the engine's load
+with every graph captured (the packed passes' among them), once per mode.
 
 Usage: python benchmarks/device/prefill_passes_ab.py --model SNAPSHOT --out DIR [--modes fast]
+       [--variants packed_eager,packed_graphs]
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import torch
@@ -27,8 +33,15 @@ from prefill_profile import prefill_s
 from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
 from qwen3_tts_native.engine.runtime import graphs
 
-VARIANTS = {"one_eager_pass": 0, "bucketed_passes": 1 << 20}
-"""variant -> `graphs.BUCKETED_PASSES_MAX` (0: the eager pass whenever the prompts need more than one)"""
+VARIANTS: dict[str, dict[str, Any]] = {
+    "one_packed_pass": {"BUCKETED_PASSES_MAX": 0},
+    "bucketed_passes": {"BUCKETED_PASSES_MAX": 1 << 20},
+    "packed_eager": {"PACKED_PROMPT_BUCKETS": ()},
+    "packed_graphs": {},
+}
+"""variant -> the settings of engine/runtime/graphs.py it changes (`BUCKETED_PASSES_MAX` 0: one pass above the
+buckets whenever the prompts need more than one; no `PACKED_PROMPT_BUCKETS`: passes above the buckets run
+eagerly, unpadded). Run 119 timed `one_packed_pass` when packed passes ran eagerly (then `one_eager_pass`)."""
 LOCKSTEP_FRAMES = 32
 
 
@@ -46,28 +59,39 @@ def main() -> int:
     parser.add_argument("--streams", type=comma_ints, default="2,3,4,6,8,12,16,32,64")
     parser.add_argument("--lockstep", type=comma_ints, default="3,6,16")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (after one warm-up round)")
+    parser.add_argument(
+        "--variants",
+        default="one_packed_pass,bucketed_passes",
+        help=f"comma list of two or more of {', '.join(VARIANTS)}",
+    )
     args = parser.parse_args()
+    variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
-    shipped = graphs.BUCKETED_PASSES_MAX
+    shipped = {name: getattr(graphs, name) for settings in VARIANTS.values() for name in settings}
     for mode in args.modes:
+        start = time.perf_counter()
         engine = load_timing_engine(timing_model, mode, max([*args.streams, *args.lockstep]))
-        samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in VARIANTS}
+        load_s = time.perf_counter() - start
+        samples: dict[str, dict[str, list[float]]] = {variant: {} for variant in variants}
         for run in range(args.rounds + 1):
-            for variant, passes_max in VARIANTS.items():
-                graphs.BUCKETED_PASSES_MAX = passes_max
+            for variant, settings in variants.items():
+                for name, value in {**shipped, **settings}.items():
+                    setattr(graphs, name, value)
                 figures = round_figures(engine, args)
                 if run:
                     for key, value in figures.items():
                         samples[variant].setdefault(key, []).append(value)
-        graphs.BUCKETED_PASSES_MAX = shipped
+        for name, value in shipped.items():
+            setattr(graphs, name, value)
         record_medians(result, mode, samples)
+        result["modes"][mode]["load_s"] = load_s
         result["modes"][mode]["spread"] = {
             variant: {key: [min(v), max(v)] for key, v in figures_of.items()}
             for variant, figures_of in samples.items()
         }
-        (args.out / "prefill-passes-ab.json").write_text(json.dumps(result, indent=2))
+        (args.out / f"prefill-ab-{'-'.join(variants)}.json").write_text(json.dumps(result, indent=2))
         del engine
         torch.cuda.empty_cache()
     return 0

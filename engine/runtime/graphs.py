@@ -23,8 +23,9 @@ of the sessions prefilled together are the rows of a pass, one row per token
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of the
 batch's bucket. The prompts of a few sessions run as passes within the largest prompt bucket, each replayed
 from its graph (`prompt_passes`, `BUCKETED_PASSES_MAX`). A pass above the largest bucket (more sessions, or a
-long prompt) has no graph (eager; at 16 and 64 sessions as fast as replayed, run 94) and attends through
-torch's varlen flash attention over each prompt (`PromptSequences`) instead of the per-row decode kernel.
+long prompt) is padded to a `PACKED_PROMPT_BUCKETS` entry, replayed from its graph per (rows, span), and
+attends through torch's varlen flash attention over each prompt (`PromptSequences`) instead of the per-row
+decode kernel.
 Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and
 fast's products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
@@ -97,21 +98,40 @@ the bench's 152-token prompt, a pass a session (run 119, medians in one process)
 not in exact (18.2 against 14.6); from 8 on the eager pass wins (16 sessions 43 against 20-28 ms)."""
 
 
+PACKED_PROMPT_BUCKETS: tuple[int, ...] = tuple(range(PROMPT_BUCKETS[-1] + 256, PREFILL_ROWS + 1, 256))
+"""Row counts a pass above `PROMPT_BUCKETS` is padded to, each with a graph per `PACKED_SPANS` entry. Run
+eagerly such a pass is ~2,000 host ops (732 allocations, 555 launches, 112 `torch._scaled_mm` calls at 43-103
+us of host each in fast mode, run 91), so the host sets its time where the host is slow: a 64-stream prefill
+of 91 ms against 50 ms on a fast host with the same GPU work (fast mode, runs 111 and 117). A replay does not
+wait on the host. Steps of 256 rows: at most 255 padding rows a pass (the bench's 64 x 152-token prefill
+pads 9,728 rows to 9,984)."""
+PACKED_SPANS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+"""Longest-sequence bounds of the packed passes' graphs: the flash kernel has a block per (128 queries of the
+longest sequence, sequence, head), so a graph is captured per bound, not once for the longest possible."""
+PROMPTS_PER_PASS = 64
+"""Prompts in one pass at most: a packed pass's sequence table has this many entries and one for padding."""
+
+
 def prompt_pass_rows(rows: int) -> int:
     """The rows a prompt pass of `rows` tokens runs: its bucket, or `rows` above the largest."""
-    return next((bucket for bucket in PROMPT_BUCKETS if bucket >= rows), rows)
+    return next((bucket for bucket in (*PROMPT_BUCKETS, *PACKED_PROMPT_BUCKETS) if bucket >= rows), rows)
+
+
+def packed_span(longest: int) -> int:
+    """The sequence-length bound a packed pass whose longest sequence is `longest` rows runs with."""
+    return next((span for span in PACKED_SPANS if span >= longest), longest)
 
 
 def prompt_passes(lengths: list[int]) -> list[slice]:
-    """How prompts of these lengths (in tokens) split into passes of whole prompts, in order: passes within
-    the largest bucket when there are at most `BUCKETED_PASSES_MAX` of them, else passes of at most
-    `PREFILL_ROWS` rows (a longer prompt runs alone)."""
+    """How prompts of these lengths (in tokens) split into passes of whole prompts, in order, at most
+    `PROMPTS_PER_PASS` a pass: passes within the largest bucket when there are at most `BUCKETED_PASSES_MAX`
+    of them, else passes of at most `PREFILL_ROWS` rows (a longer prompt runs alone)."""
 
     def packed(budget: int) -> list[slice]:
         passes, start = [], 0
         while start < len(lengths):
             stop, rows = start + 1, lengths[start]
-            while stop < len(lengths) and rows + lengths[stop] <= budget:
+            while stop < len(lengths) and stop - start < PROMPTS_PER_PASS and rows + lengths[stop] <= budget:
                 rows += lengths[stop]
                 stop += 1
             passes.append(slice(start, stop))
@@ -155,14 +175,35 @@ class PromptRows:
         return padded, ends
 
     @classmethod
-    def packed(cls, prompts: list[Tensor], slots: Tensor) -> tuple[PromptRows, Tensor, PromptSequences]:
-        """(the rows of prompts[i] into cache slot slots[i], unpadded; the row of each prompt's last token
-        [B]; the prompts as the pass's sequences), for a pass above `PROMPT_BUCKETS`: `of` without padding,
-        each prompt's sequence ending at its last-token row."""
+    def packed(
+        cls, prompts: list[Tensor], slots: Tensor, rows: int
+    ) -> tuple[PromptRows, Tensor, PromptSequences]:
+        """(the rows of a pass of at most `PROMPTS_PER_PASS` prompts above `PROMPT_BUCKETS`, padded to
+        `rows`; the row of each prompt's last token [PROMPTS_PER_PASS] (row 0 past the prompts); the pass's
+        sequences), in tables of fixed shapes for the pass's graph.
+
+        The padding rows are a sequence of their own that continues the last prompt past its end (its slot,
+        positions L.., which the caller keeps inside the cache and the RoPE table): they attend only to each
+        other, and the cache entries they write are ones that session overwrites before it reads them (a
+        decode step writes its position's K/V before it attends)."""
         lengths = [p.shape[0] for p in prompts]
-        rows, ends = cls.of(prompts, slots, sum(lengths))
-        bounds = torch.cat([ends.new_zeros(1), ends + 1]).int()
-        return rows, ends, PromptSequences(bounds, max(lengths))
+        total, last = sum(lengths), lengths[-1]
+        pad = rows - total
+        positions = torch.cat([torch.arange(n) for n in lengths] + [torch.arange(last, last + pad)])
+        counts = torch.tensor([*lengths[:-1], last + pad])
+        cumulative = torch.tensor(lengths).cumsum(0)
+        ends = torch.zeros(PROMPTS_PER_PASS, dtype=torch.int64)
+        ends[: len(prompts)] = cumulative - 1
+        bounds = torch.full((PROMPTS_PER_PASS + 2,), rows, dtype=torch.int64)  # empty sequences past the pad
+        bounds[0] = 0
+        bounds[1 : len(prompts) + 1] = cumulative
+        # One upload for the four index vectors (a pinned copy costs host time before the pass can start).
+        positions, counts, ends, bounds = upload(
+            torch.cat([positions, counts, ends, bounds]), prompts[0].device
+        ).split([rows, len(prompts), PROMPTS_PER_PASS, PROMPTS_PER_PASS + 2])
+        embeds = torch.cat([*prompts, prompts[-1][-1:].expand(pad, -1)])
+        padded = cls(embeds, positions, slots.repeat_interleave(counts, output_size=rows))
+        return padded, ends, PromptSequences(bounds.int(), packed_span(max(*lengths, pad)))
 
     @classmethod
     def zeros(cls, rows: int, like: Tensor, slot: int) -> PromptRows:
@@ -180,22 +221,28 @@ class PromptRows:
         self.positions.copy_(rows.positions)
         self.slots.copy_(rows.slots)
 
+    def head(self, rows: int) -> PromptRows:
+        """The first `rows` rows (views)."""
+        return PromptRows(self.embeds[:rows], self.positions[:rows], self.slots[:rows])
+
 
 @dataclass(frozen=True)
 class PromptSequences:
-    """The prompts of a pass above `PROMPT_BUCKETS`, for a causal attention inside each (`attend`): rows
-    bounds[i] .. bounds[i + 1] - 1 are prompt i, of one slot from its position 0.
+    """The sequences of a pass above `PROMPT_BUCKETS`, for a causal attention inside each (`attend`): rows
+    bounds[i] .. bounds[i + 1] - 1 are sequence i, all of one slot from its position 0 (the padding sequence
+    excepted, which needs only its own order).
 
     Why: the decode attention kernel runs a block per (row, KV head, 64-key split) and reads each row's keys
     itself, so a prompt of L tokens reads its keys L times; at 64 prompts of 152 tokens that was 38 ms of a
     prefill's 88 (run 27). A flash attention reads them once per tile of queries; a varlen one over the
     pass's own rows needs no [prompts, longest] grid and no per-query-head copy of the keys (run 94: a
-    64-stream prefill of 49 ms in fast mode, GPU-bound). Passes within `PROMPT_BUCKETS` keep the decode
-    kernel, which their graphs replay bit for bit.
+    64-stream prefill of 49 ms in fast mode, GPU-bound); over the pass's own keys in row order it has fixed
+    launch shapes for a given span, so a graph can capture it. Passes within `PROMPT_BUCKETS` keep the
+    decode kernel, which their graphs replay bit for bit.
     """
 
-    bounds: Tensor  # [prompts + 1] int32, the first row of each prompt and the pass's row count last
-    span: int  # the longest prompt
+    bounds: Tensor  # [sequences + 1] int32, the first row of each sequence and the pass's row count last
+    span: int  # no sequence is longer
 
     def attend(
         self,
@@ -566,15 +613,26 @@ class KernelFrame:
         return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
 
     def prompt_pass(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        """One pass over whole prompts, padded to `prompt_pass_rows` (the rows a graph replay would run, so
-        that this eager pass and the graph compute the same products); above the largest bucket, unpadded
-        and attending through `PromptSequences`."""
-        count = prompt_pass_rows(sum(p.shape[0] for p in prompts))
-        if count in PROMPT_BUCKETS:
-            rows, ends = PromptRows.of(prompts, slots, count)
-            return self.prompt_hidden(rows, cache).index_select(0, ends)
-        packed, ends, sequences = PromptRows.packed(prompts, slots)
-        return self.prompt_hidden(packed, cache, sequences).index_select(0, ends)
+        """One eager pass over whole prompts, padded as `pass_rows` says (the rows a graph replay runs, so
+        that this pass and the graph compute the same products): the prompts' last-token hidden [B, H].
+        Above the largest of `PROMPT_BUCKETS` the pass attends through `PromptSequences`."""
+        rows = self.pass_rows(prompts, cache)
+        if rows in PROMPT_BUCKETS:
+            padded, ends = PromptRows.of(prompts, slots, rows)
+            return self.prompt_hidden(padded, cache).index_select(0, ends)
+        packed, ends, sequences = PromptRows.packed(prompts, slots, rows)
+        return self.prompt_hidden(packed, cache, sequences).index_select(0, ends[: len(prompts)])
+
+    def pass_rows(self, prompts: list[Tensor], cache: KVCache) -> int:
+        """The rows a pass over `prompts` runs: `prompt_pass_rows` of their tokens, unless a packed pass's
+        padding (positions past the last prompt's end) would run past the cache or the RoPE table; then the
+        tokens alone."""
+        total = sum(p.shape[0] for p in prompts)
+        rows = prompt_pass_rows(total)
+        if rows in PROMPT_BUCKETS:
+            return rows
+        limit = min(cache.k.shape[3], self.talker.rope_cos.shape[0])
+        return rows if prompts[-1].shape[0] + rows - total <= limit else total
 
     def prompt_hidden(
         self, rows: PromptRows, cache: KVCache, sequences: PromptSequences | None = None
@@ -986,6 +1044,39 @@ class _PromptStatic:
     out: Tensor | None = None
 
 
+@dataclass
+class _PackedStatic:
+    """The inputs every packed-pass graph reads (each views the first rows of `rows`), and one graph and
+    output [PROMPTS_PER_PASS, H] (the rows `ends` picks) per (rows, span)."""
+
+    rows: PromptRows
+    ends: Tensor  # [PROMPTS_PER_PASS] int64
+    bounds: Tensor  # [PROMPTS_PER_PASS + 2] int32
+    graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]]
+
+    @classmethod
+    def allocate(cls, like: Tensor) -> _PackedStatic:
+        rows = PromptRows.zeros(PREFILL_ROWS, like, 0)
+        ends = torch.zeros(PROMPTS_PER_PASS, dtype=torch.int64, device=like.device)
+        bounds = torch.zeros(PROMPTS_PER_PASS + 2, dtype=torch.int32, device=like.device)
+        return cls(rows, ends, bounds, {})
+
+    def load_capture_inputs(self, rows: int, span: int, scratch: int, context: int) -> None:
+        """Inputs to capture a graph of `rows` and `span` on: the scratch slot (capture runs the pass, and
+        the inputs may still hold a live session's rows), positions cycling through the cache, sequences
+        `span` long (a capture's launch shapes depend only on rows and span)."""
+        device = self.ends.device
+        self.rows.slots.fill_(scratch)
+        self.rows.positions.copy_(torch.arange(PREFILL_ROWS, device=device) % context)
+        self.ends.zero_()
+        self.bounds.copy_((torch.arange(PROMPTS_PER_PASS + 2, device=device) * span).clamp(max=rows))
+
+    def load(self, rows: PromptRows, ends: Tensor, sequences: PromptSequences) -> None:
+        self.rows.head(rows.embeds.shape[0]).load(rows)
+        self.ends.copy_(ends)
+        self.bounds.copy_(sequences.bounds)
+
+
 class GraphFrameBackend:
     """Captures and replays whole frames per bucket; see the module docstring."""
 
@@ -1002,6 +1093,7 @@ class GraphFrameBackend:
         self._decode: dict[int, _DecodeStatic] = {}
         self._complete: dict[int, _CompleteStatic] = {}
         self._prompt: dict[int, _PromptStatic] = {}
+        self._packed: _PackedStatic | None = None
         self._pool = torch.cuda.graph_pool_handle()
         self._cache_ptr: int | None = None
         self._state: SlotState | None = None
@@ -1058,22 +1150,29 @@ class GraphFrameBackend:
         return step.recorded_frames(state, rows, sampling, lambda r: self._complete_frames(hidden, r))
 
     def _prefill_hidden(self, prompts: list[Tensor], slots: Tensor, cache: KVCache) -> Tensor:
-        """`KernelFrame.prefill_hidden_many`'s passes, each that fits a bucket replayed on that bucket's
-        prompt graph (the same padded pass), any other run eagerly."""
+        """`KernelFrame.prefill_hidden_many`'s passes, each replayed on the graph of its rows (and span): the
+        same padded pass. A pass of the rows of its tokens alone (`KernelFrame.pass_rows`) runs eagerly."""
         hidden = []
         for part in prompt_passes([p.shape[0] for p in prompts]):
             group, group_slots = prompts[part], slots[part]
-            bucket = prompt_pass_rows(sum(p.shape[0] for p in group))
-            if bucket not in PROMPT_BUCKETS:
+            rows = self.frame.pass_rows(group, cache)
+            if rows in PROMPT_BUCKETS:
+                padded, ends = PromptRows.of(group, group_slots, rows)
+                static = self._prompt_static(rows, cache, padded.embeds)
+                static.rows.load(padded)
+                assert static.graph is not None and static.out is not None
+                static.graph.replay()
+                # A new tensor, taken before the next replay of this bucket overwrites the graph's output.
+                hidden.append(static.out.index_select(0, ends))
+            elif rows in PACKED_PROMPT_BUCKETS:
+                packed, ends, sequences = PromptRows.packed(group, group_slots, rows)
+                graph, out = self._packed_graph(rows, sequences.span, cache, packed.embeds)
+                assert self._packed is not None
+                self._packed.load(packed, ends, sequences)
+                graph.replay()
+                hidden.append(out[: len(group)].clone())  # the next pass may replay this graph again
+            else:
                 hidden.append(self.frame.prompt_pass(group, group_slots, cache))
-                continue
-            rows, ends = PromptRows.of(group, group_slots, bucket)
-            static = self._prompt_static(bucket, cache, rows.embeds)
-            static.rows.load(rows)
-            assert static.graph is not None and static.out is not None
-            static.graph.replay()
-            # A new tensor, taken before the next replay of this bucket overwrites the graph's output.
-            hidden.append(static.out.index_select(0, ends))
         return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
 
     def _complete_frames(self, hidden: Tensor, rows: FrameRows) -> Tensor:
@@ -1107,6 +1206,7 @@ class GraphFrameBackend:
         self._decode.clear()
         self._complete.clear()
         self._prompt.clear()
+        self._packed = None
         torch.cuda.synchronize()
         self._pool = torch.cuda.graph_pool_handle()  # the old pool may still back tensors we handed out
 
@@ -1117,12 +1217,18 @@ class GraphFrameBackend:
 
     # Capture ------------------------------------------------------------------------------------------
     def capture_all(self, cache: KVCache, state: SlotState, template: FrameRows, text: Tensor) -> None:
-        """Capture every bucket's frame and complete-frames graphs now (server start), not on first use."""
+        """Capture every bucket's frame and complete-frames graphs and every prompt bucket's graph now (server
+        start), not on first use: the packed passes' at the smallest span, up to the rows of as many prompts
+        of `PROMPT_BUCKETS[-1]` tokens as there are live slots (longer prompts capture on first use)."""
         for bucket in self.buckets:
             self._decode_static(bucket, cache, state, template.talker_sampling, text[0])
             self._complete_static(bucket, template, text[:1])
         for rows in PROMPT_BUCKETS:
             self._prompt_static(rows, cache, text)
+        typical_rows = (cache.k.shape[1] - self.scratch_slots) * PROMPT_BUCKETS[-1]
+        for rows in PACKED_PROMPT_BUCKETS:
+            if rows <= typical_rows:
+                self._packed_graph(rows, PACKED_SPANS[0], cache, text)
 
     def _check_cache(self, cache: KVCache) -> None:
         if self._cache_ptr is None:
@@ -1178,6 +1284,28 @@ class GraphFrameBackend:
             static.graph, static.out = self._capture(run)
             self._prompt[bucket] = static
         return static
+
+    def _packed_graph(
+        self, rows: int, span: int, cache: KVCache, like: Tensor
+    ) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """The graph of a packed pass of `rows` rows whose sequences are at most `span` long: the pass over
+        the first `rows` rows of the shared static inputs, its output the `ends` rows."""
+        self._check_cache(cache)
+        if self._packed is None:
+            self._packed = _PackedStatic.allocate(like)
+        static = self._packed
+        captured = static.graphs.get((rows, span))
+        if captured is None:
+            static.load_capture_inputs(rows, span, cache.k.shape[1] - 1, cache.k.shape[3])
+            frame, inputs = self.frame, static.rows.head(rows)
+            sequences = PromptSequences(static.bounds, span)
+
+            def run() -> Tensor:
+                return frame.prompt_hidden(inputs, cache, sequences).index_select(0, static.ends)
+
+            captured = self._capture(run)
+            static.graphs[(rows, span)] = captured
+        return captured
 
     def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """Warm up on a side stream (lazy inits, cuBLAS workspaces), then capture into the shared pool."""

@@ -312,11 +312,11 @@ def test_batched_prefill_replays_the_eager_kernels(
     passes_max: int,
 ) -> None:
     """Exact mode: `prefill_many` (the prompts as rows of one kernel pass within a bucket, replayed; as
-    several such passes; or as one pass above the buckets, eager and attending per prompt; frame 0 on the
-    complete-frames graph of bucket 4) and the steps after it equal the same kernels run eagerly, bit for bit;
-    each prompt's last hidden from the batched passes stays within LOGIT_TOLERANCE (talker logits, relative
-    L2) of its single-prompt pass (cuBLAS rounds a product of M = all rows differently from M = one prompt;
-    flash attention rounds unlike the decode kernel)."""
+    several such passes; or as one pass above the buckets, padded to a packed bucket, replayed from its
+    graph and attending per prompt; frame 0 on the complete-frames graph of bucket 4) and the steps after it
+    equal the same kernels run eagerly, bit for bit; each prompt's last hidden from the batched passes stays
+    within LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS rounds a product of
+    M = all rows differently from M = one prompt; flash attention rounds unlike the decode kernel)."""
     monkeypatch.setattr(graphs, "BUCKETED_PASSES_MAX", passes_max)
     eager_engine = fresh_engine(engine)
     eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)

@@ -196,8 +196,9 @@ def test_packed_prompt_attention_on_cuda() -> None:
     slots = torch.randperm(16, device="cuda")[: len(lengths)]
     k_cache = torch.randn(16, kv_heads, cache_len, dim, device="cuda", dtype=BF16)
     v_cache = torch.randn_like(k_cache)
-    rows, _, sequences = PromptRows.packed([torch.zeros(n, 1, device="cuda") for n in lengths], slots)
-    queries = torch.randn(sum(lengths), heads, dim, device="cuda", dtype=BF16) * 2
+    total = sum(lengths)
+    rows, _, sequences = PromptRows.packed([torch.zeros(n, 1, device="cuda") for n in lengths], slots, total)
+    queries = torch.randn(total, heads, dim, device="cuda", dtype=BF16) * 2
     got = sequences.attend(queries, k_cache, v_cache, rows.slots, rows.positions, scale)
     exact = reference.decode_attention(
         queries.double(), k_cache.double(), v_cache.double(), rows.slots, rows.positions + 1, scale
