@@ -1,15 +1,13 @@
 """A/B of how a multi-session prefill's prompt passes run, on a full random snapshot, in one process, variants
-alternating round by round (`--variants`, each a setting of engine/runtime/graphs.py):
-- `one_packed_pass` against `bucketed_passes` (and the shipped `packed_graphs`): a few sessions' prompts as
-  bucketed passes (each prompt group within the largest prompt bucket, replayed from its graph:
-  `graphs.prompt_passes`) or as one pass above the buckets. The figures set `graphs.BUCKETED_PASSES_MAX`.
-- `packed_eager` against `packed_graphs` (the shipped settings): a pass above the prompt buckets run
-  eagerly and unpadded, or padded to a `graphs.PACKED_PROMPT_BUCKETS` entry and replayed from its graph.
+alternating round by round (`--variants`, each a setting of engine/runtime/graphs.py): `packed_eager` (a pass
+above the prompt buckets run eagerly, unpadded) against `packed_graphs` (the shipped settings: padded to a
+`graphs.PACKED_PROMPT_BUCKETS` entry and replayed from its graph).
 
 Why: the eager pass above the prompt buckets is about 2,000 host ops (run 91), so a prefill of several
 sessions waits on the host where the host is slow: fast's 64-stream prefill took 50 ms on run 111's host and
-91 ms on run 117's, with the same GPU work. Replayed passes are a handful of host ops each; bucketed ones read
-the weights again a pass, packed ones run up to 255 padding rows.
+91 ms on run 117's, with the same GPU work. A replayed pass is a handful of host ops, but runs up to 255
+padding rows. Runs 119 and 121 timed bucketed passes (a pass a session, within the largest prompt bucket)
+with this script's `BUCKETED_PASSES_MAX` variants as of c0ab73b; run 121 retired that setting.
 
 Per mode and session count (`--streams`): `prefill_many`'s wall time (`prefill_profile.prefill_s`: sessions
 opened before the clock starts, as the bench's lockstep does), median of `--rounds`; and the bench's lockstep
@@ -17,7 +15,6 @@ at `--lockstep` streams (`run_concurrent`, 32 frames): aggregate RTF and prefill
 with every graph captured (the packed passes' among them), once per mode.
 
 Usage: python benchmarks/device/prefill_passes_ab.py --model SNAPSHOT --out DIR [--modes fast]
-       [--variants packed_eager,packed_graphs]
 """
 
 from __future__ import annotations
@@ -33,15 +30,9 @@ from prefill_profile import prefill_s
 from qwen3_tts_native.commands.bench import run_concurrent, zero_eos_copy
 from qwen3_tts_native.engine.runtime import graphs
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "one_packed_pass": {"BUCKETED_PASSES_MAX": 0},
-    "bucketed_passes": {"BUCKETED_PASSES_MAX": 1 << 20},
-    "packed_eager": {"PACKED_PROMPT_BUCKETS": ()},
-    "packed_graphs": {},
-}
-"""variant -> the settings of engine/runtime/graphs.py it changes (`BUCKETED_PASSES_MAX` 0: one pass above the
-buckets whenever the prompts need more than one; no `PACKED_PROMPT_BUCKETS`: passes above the buckets run
-eagerly, unpadded). Run 119 timed `one_packed_pass` when packed passes ran eagerly (then `one_eager_pass`)."""
+VARIANTS: dict[str, dict[str, Any]] = {"packed_eager": {"PACKED_PROMPT_BUCKETS": ()}, "packed_graphs": {}}
+"""variant -> the settings of engine/runtime/graphs.py it changes (no `PACKED_PROMPT_BUCKETS`: passes above
+the buckets run eagerly, unpadded)"""
 LOCKSTEP_FRAMES = 32
 
 
@@ -61,7 +52,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (after one warm-up round)")
     parser.add_argument(
         "--variants",
-        default="one_packed_pass,bucketed_passes",
+        default="packed_eager,packed_graphs",
         help=f"comma list of two or more of {', '.join(VARIANTS)}",
     )
     args = parser.parse_args()

@@ -21,11 +21,10 @@ so inside the graph a kernel's launch overlaps the end of the one before it. Lar
 rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of the sessions prefilled together are the rows of a pass, one row per token
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of the
-batch's bucket. The prompts of a few sessions run as passes within the largest prompt bucket, each replayed
-from its graph (`prompt_passes`, `BUCKETED_PASSES_MAX`). A pass above the largest bucket (more sessions, or a
-long prompt) is padded to a `PACKED_PROMPT_BUCKETS` entry, replayed from its graph per (rows, span), and
-attends through torch's varlen flash attention over each prompt (`PromptSequences`) instead of the per-row
-decode kernel.
+batch's bucket. A pass is padded and replayed from a graph: within the largest prompt bucket, from that
+bucket's; above it (several sessions, or a long prompt), from the graph of its `PACKED_PROMPT_BUCKETS` entry
+and span, attending through torch's varlen flash attention over each prompt (`PromptSequences`) instead of
+the per-row decode kernel. Only a pass whose padding would not fit (`KernelFrame.pass_rows`) runs eagerly.
 Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and
 fast's products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
@@ -85,26 +84,19 @@ PROMPT_BUCKETS: tuple[int, ...] = tuple(range(32, 257, 32))
 """Row counts a prompt pass is padded to, each with a captured graph: run eagerly, a pass is ~280 kernel
 launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's
 time to first audio. Steps of 32 rows: a padding row costs what a prompt row does (the bench's 152-token
-prompt ran 256 rows with powers of two). A pass of more rows runs eagerly, unpadded. The largest bucket
-bounds what the graphs add to the footprint (the attention workspace grows as rows x context)."""
-
-
-BUCKETED_PASSES_MAX = 4
-"""Prompts that fit the largest of `PROMPT_BUCKETS` in at most this many passes run as those passes, each
-replayed from its bucket's graph, instead of one eager pass of all their rows. The eager pass is about
-2,000 host ops (run 91) and waits on the host; a replayed pass is ~2.5 ms and reads the weights again. H200,
-the bench's 152-token prompt, a pass a session (run 119, medians in one process): 2 / 3 / 4 sessions 7.9-8.4
-/ 10.3-10.8 / 13.0-13.5 ms against 12.5-23.6 ms eager; 6 sessions won in fast mode (18.2 against 26.0 ms) but
-not in exact (18.2 against 14.6); from 8 on the eager pass wins (16 sessions 43 against 20-28 ms)."""
-
-
+prompt ran 256 rows with powers of two). A pass of more rows is packed (`PACKED_PROMPT_BUCKETS`). The
+largest bucket bounds what these graphs add to the footprint (the attention workspace grows as rows x
+context)."""
 PACKED_PROMPT_BUCKETS: tuple[int, ...] = tuple(range(PROMPT_BUCKETS[-1] + 256, PREFILL_ROWS + 1, 256))
 """Row counts a pass above `PROMPT_BUCKETS` is padded to, each with a graph per `PACKED_SPANS` entry. Run
 eagerly such a pass is ~2,000 host ops (732 allocations, 555 launches, 112 `torch._scaled_mm` calls at 43-103
 us of host each in fast mode, run 91), so the host sets its time where the host is slow: a 64-stream prefill
 of 91 ms against 50 ms on a fast host with the same GPU work (fast mode, runs 111 and 117). A replay does not
 wait on the host. Steps of 256 rows: at most 255 padding rows a pass (the bench's 64 x 152-token prefill
-pads 9,728 rows to 9,984)."""
+pads 9,728 rows to 9,984). Several sessions' prompts go into one such pass rather than one bucketed pass
+each, which reads the weights again a pass: H200, the bench's 152-token prompt, 2 / 3 / 4 / 8 sessions 7.4 /
+7.4 / 8.3 / 11.2 ms against 7.9 / 10.6 / 13.1 / 23.2 ms as bucketed passes (fast mode, run 121; exact
+alike)."""
 PACKED_SPANS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
 """Longest-sequence bounds of the packed passes' graphs: the flash kernel has a block per (128 queries of the
 longest sequence, sequence, head), so a graph is captured per bound, not once for the longest possible."""
@@ -123,27 +115,19 @@ def packed_span(longest: int) -> int:
 
 
 def prompt_passes(lengths: list[int]) -> list[slice]:
-    """How prompts of these lengths (in tokens) split into passes of whole prompts, in order, at most
-    `PROMPTS_PER_PASS` a pass: passes within the largest bucket when there are at most `BUCKETED_PASSES_MAX`
-    of them, else passes of at most `PREFILL_ROWS` rows (a longer prompt runs alone)."""
-
-    def packed(budget: int) -> list[slice]:
-        passes, start = [], 0
-        while start < len(lengths):
-            stop, rows = start + 1, lengths[start]
-            while stop < len(lengths) and stop - start < PROMPTS_PER_PASS and rows + lengths[stop] <= budget:
-                rows += lengths[stop]
-                stop += 1
-            passes.append(slice(start, stop))
-            start = stop
-        return passes
-
-    largest = PROMPT_BUCKETS[-1]
-    if lengths and max(lengths) <= largest:
-        bucketed = packed(largest)
-        if len(bucketed) <= BUCKETED_PASSES_MAX:
-            return bucketed
-    return packed(PREFILL_ROWS)
+    """How prompts of these lengths (in tokens) split into passes of whole prompts, in order: at most
+    `PREFILL_ROWS` rows (a longer prompt runs alone) and `PROMPTS_PER_PASS` prompts a pass."""
+    passes, start = [], 0
+    while start < len(lengths):
+        stop, rows = start + 1, lengths[start]
+        while (
+            stop < len(lengths) and stop - start < PROMPTS_PER_PASS and rows + lengths[stop] <= PREFILL_ROWS
+        ):
+            rows += lengths[stop]
+            stop += 1
+        passes.append(slice(start, stop))
+        start = stop
+    return passes
 
 
 @dataclass(frozen=True)

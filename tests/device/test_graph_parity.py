@@ -266,8 +266,8 @@ LONG_TEXT = (
     "the final figures from the last quarter would be known to everyone involved."
 )
 LONG = [replace(r, text=f"{r.text} {LONG_TEXT}") for r in BATCHED]
-"""The same four with prompts too long to share the largest of `PROMPT_BUCKETS`: passes of their own within
-it (`prompt_passes`), or one pass above it when `BUCKETED_PASSES_MAX` allows fewer passes."""
+"""The same four with prompts too long to share the largest of `PROMPT_BUCKETS`: one pass above it, padded to
+a `PACKED_PROMPT_BUCKETS` entry."""
 
 
 def run_batched(
@@ -296,11 +296,11 @@ def run_batched(
 
 
 @pytest.mark.parametrize(
-    "name,requests,passes_max",
+    "name,requests,prefill_rows",
     [
-        ("batched", BATCHED, graphs.BUCKETED_PASSES_MAX),
-        ("bucketed", LONG, graphs.BUCKETED_PASSES_MAX),
-        ("packed", LONG, 1),
+        ("batched", BATCHED, graphs.PREFILL_ROWS),
+        ("packed", LONG, graphs.PREFILL_ROWS),
+        ("packed_twice", LONG, 512),
     ],
 )
 def test_batched_prefill_replays_the_eager_kernels(
@@ -309,15 +309,16 @@ def test_batched_prefill_replays_the_eager_kernels(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     requests: list[SynthesisRequest],
-    passes_max: int,
+    prefill_rows: int,
 ) -> None:
-    """Exact mode: `prefill_many` (the prompts as rows of one kernel pass within a bucket, replayed; as
-    several such passes; or as one pass above the buckets, padded to a packed bucket, replayed from its
-    graph and attending per prompt; frame 0 on the complete-frames graph of bucket 4) and the steps after it
-    equal the same kernels run eagerly, bit for bit; each prompt's last hidden from the batched passes stays
-    within LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS rounds a product of
-    M = all rows differently from M = one prompt; flash attention rounds unlike the decode kernel)."""
-    monkeypatch.setattr(graphs, "BUCKETED_PASSES_MAX", passes_max)
+    """Exact mode: `prefill_many` (the prompts as rows of one kernel pass within a bucket, replayed; or above
+    the buckets, padded to a packed bucket, replayed from its graph and attending per prompt, in one pass or
+    two passes of one graph at `prefill_rows` 512; frame 0 on the complete-frames graph of bucket 4) and the
+    steps after it equal the same kernels run eagerly, bit for bit; each prompt's last hidden from the batched
+    passes stays within LOGIT_TOLERANCE (talker logits, relative L2) of its single-prompt pass (cuBLAS rounds
+    a product of M = all rows differently from M = one prompt; flash attention rounds unlike the decode
+    kernel)."""
+    monkeypatch.setattr(graphs, "PREFILL_ROWS", prefill_rows)
     eager_engine = fresh_engine(engine)
     eager_engine.frame_backend = graphs.KernelFrameBackend(engine.talker, engine.predictor, EXACT)
     eager = run_batched(eager_engine, requests)
@@ -340,8 +341,8 @@ def test_batched_prefill_replays_the_eager_kernels(
         largest = graphs.PROMPT_BUCKETS[-1]
         shapes = {
             "batched": len(passes) == 1 and passes[0] <= largest,
-            "bucketed": len(passes) > 1 and max(passes) <= largest,
             "packed": len(passes) == 1 and passes[0] > largest,
+            "packed_twice": len(passes) == 2 and min(passes) > largest,
         }
         assert shapes[name], passes
         cache = engine.talker.new_cache(len(prompts), engine.max_context)

@@ -423,12 +423,14 @@ def test_fast_prefill_of_several_prompts_equals_each_prompt_alone_on_cpu(
         # decode attention does: the same math, rounded differently, so they are equal to within rounding.
         splits = {
             "one pass": ({}, True),
-            "passes of [11] and [4, 7] within a 12-row bucket": ({"PROMPT_BUCKETS": (12,)}, True),
+            "passes of [11] and [4, 7] within a 12-row bucket": (
+                {"PROMPT_BUCKETS": (12,), "PREFILL_ROWS": 12},
+                True,
+            ),
             "passes of [11] and [4, 7] above the buckets, padded to 12 rows": (
                 {
                     "PROMPT_BUCKETS": (4,),
                     "PACKED_PROMPT_BUCKETS": (12,),
-                    "BUCKETED_PASSES_MAX": 0,
                     "PREFILL_ROWS": 12,
                 },
                 False,
@@ -437,7 +439,6 @@ def test_fast_prefill_of_several_prompts_equals_each_prompt_alone_on_cpu(
                 {
                     "PROMPT_BUCKETS": (4,),
                     "PACKED_PROMPT_BUCKETS": (40,),
-                    "BUCKETED_PASSES_MAX": 0,
                     "PREFILL_ROWS": 12,
                 },
                 False,
@@ -509,18 +510,18 @@ def test_session_uniform_blocks_equal_frame_by_frame_draws() -> None:
     assert torch.equal(got, expected)
 
 
-def test_prompts_fill_bucketed_passes_while_they_are_few(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole prompts, in order, in passes within the largest bucket (each a graph replay) while at most
-    `BUCKETED_PASSES_MAX` of them; otherwise, or with a prompt longer than the largest bucket, in passes of up
-    to `PREFILL_ROWS` rows."""
-    monkeypatch.setattr(graphs, "PROMPT_BUCKETS", (8, 16))
+def test_prompts_fill_passes_in_order_up_to_the_row_and_prompt_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whole prompts, in order, in passes of at most `PREFILL_ROWS` rows and `PROMPTS_PER_PASS` prompts; a
+    prompt longer than `PREFILL_ROWS` runs alone."""
     monkeypatch.setattr(graphs, "PREFILL_ROWS", 40)
-    monkeypatch.setattr(graphs, "BUCKETED_PASSES_MAX", 3)
-    assert graphs.prompt_passes([10, 5, 10]) == [slice(0, 2), slice(2, 3)]
-    assert graphs.prompt_passes([10, 10, 10]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
-    assert graphs.prompt_passes([10, 10, 10, 10]) == [slice(0, 4)]
-    assert graphs.prompt_passes([20, 5]) == [slice(0, 2)]
+    monkeypatch.setattr(graphs, "PROMPTS_PER_PASS", 3)
+    assert graphs.prompt_passes([]) == []
+    assert graphs.prompt_passes([10, 5, 10]) == [slice(0, 3)]
+    assert graphs.prompt_passes([10, 10, 10, 10]) == [slice(0, 3), slice(3, 4)]
     assert graphs.prompt_passes([30, 5, 10]) == [slice(0, 2), slice(2, 3)]
+    assert graphs.prompt_passes([5, 50, 5]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
 
 
 def test_prompt_passes_are_padded_with_their_last_token() -> None:
