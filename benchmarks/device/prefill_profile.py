@@ -38,7 +38,7 @@ def profile_table(engine: VoiceDesignEngine, streams: int) -> str:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         prefill_s(engine, streams)
         torch.cuda.synchronize()
-    return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90))
 
 
 def main() -> int:

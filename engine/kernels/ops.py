@@ -132,8 +132,10 @@ def qk_norm_rope_cache(
     k_cache: Tensor,
     v_cache: Tensor,
     eps: float,
+    keys_out: Tensor | None = None,
 ) -> Tensor:
-    """Per-head q/k RMSNorm + RoPE + K/V cache write for one token per row; returns q [B, Hq, D].
+    """Per-head q/k RMSNorm + RoPE + K/V cache write for one token per row; returns q [B, Hq, D]. `keys_out`
+    [B, Hkv, D], when given, gets the roped keys too (the values the cache gets, bit for bit).
 
     Kernel tolerance: 1 bf16 ulp on q and k (the norm's fp32 sum order); v is copied exactly.
     """
@@ -145,12 +147,25 @@ def qk_norm_rope_cache(
         or k_cache.shape[-1] not in (64, 128)
     ):
         return reference.qk_norm_rope_cache(
-            q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
+            q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps, keys_out
         )
     head_dim = k_cache.shape[-1]
     q_out = torch.empty(q.shape[0], q.shape[1] // head_dim, head_dim, dtype=q.dtype, device=q.device)
     ext.qk_norm_rope_cache(
-        q_out, q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
+        q_out,
+        keys_out,
+        q,
+        k,
+        v,
+        q_norm,
+        k_norm,
+        cos_table,
+        sin_table,
+        positions,
+        slots,
+        k_cache,
+        v_cache,
+        eps,
     )
     return q_out
 
@@ -192,7 +207,8 @@ def decode_attention(
 
 def prompt_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Tensor, span: int, scale: float) -> Tensor:
     """Causal attention inside each sequence of packed rows: rows bounds[i] .. bounds[i + 1] - 1 (int32,
-    ascending, the row count last) are sequence i, in order; q [R, Hq, D], k/v [R, Hkv, D] -> [R, Hq * D].
+    ascending, the row count last) are sequence i, in order; q [R, Hq, D], k/v [R, Hkv, D] (rows may be
+    strided, the last dimension contiguous) -> [R, Hq * D].
     `span` bounds every sequence's length (the caller guarantees it).
 
     On CUDA this is torch's varlen flash attention (GQA native, fixed launch shapes for a given span, so a

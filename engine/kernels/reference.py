@@ -93,8 +93,10 @@ def qk_norm_rope_cache(
     k_cache: Tensor,
     v_cache: Tensor,
     eps: float,
+    keys_out: Tensor | None = None,
 ) -> Tensor:
-    """q [B, Hq*D], k/v [B, Hkv*D] of one token per row -> roped q [B, Hq, D]; K/V into the layer cache.
+    """q [B, Hq*D], k/v [B, Hkv*D] of one token per row -> roped q [B, Hq, D]; K/V into the layer cache,
+    and the roped keys into `keys_out` [B, Hkv, D] when given.
 
     The same ops as `layers.DecoderBlock.forward`: per-head RMSNorm, rotate-half RoPE from the table rows
     of `positions`, cache[slot, :, position] = k / v.
@@ -109,6 +111,8 @@ def qk_norm_rope_cache(
     kh = layers.apply_rope(kh, cos, sin)
     k_cache[slots, :, positions] = kh
     v_cache[slots, :, positions] = v.view(batch, -1, head_dim)
+    if keys_out is not None:
+        keys_out.copy_(kh)
     return qh
 
 

@@ -108,7 +108,8 @@ def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int
     """The kernel rounds as the reference does; only the fp32 sum of squares of the norm is added in another
     order. Where that sum is exact in any order the results are bit-identical. Elsewhere a 1-ulp change of
     a normed value can move a rotated one (a sum of two rounded products) by more than 1 ulp of its own
-    when the products cancel, so the gate is: nearly all identical, relative L2 within 1/256."""
+    when the products cancel, so the gate is: nearly all identical, relative L2 within 1/256. The keys the
+    kernel also writes as rows (`keys_out`, for a prompt pass's attention) are the cache's, bit for bit."""
     torch.manual_seed(100 + batch + dim)
     slots_total, max_len = batch + 3, 300
     q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len, exact_sums)
@@ -116,9 +117,11 @@ def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int
     slots = torch.randperm(slots_total, device="cuda")[:batch]
     poison = torch.full((slots_total, kv_heads, max_len, dim), float("nan"), device="cuda", dtype=BF16)
     k1, v1, k2, v2 = poison.clone(), poison.clone(), poison.clone(), poison.clone()
-    q_kernel = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6)
+    keys = torch.full((batch, kv_heads, dim), float("nan"), device="cuda", dtype=BF16)
+    q_kernel = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6, keys)
     q_ref = reference.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
     written_k1, written_k2 = k1[slots, :, positions], k2[slots, :, positions]
+    assert torch.equal(keys, written_k1)
     for got, expected in ((q_kernel, q_ref), (written_k1, written_k2)):
         assert not torch.isnan(got.float()).any()
         if exact_sums:
@@ -188,7 +191,7 @@ def test_packed_prompt_attention_on_cuda() -> None:
     (`ops.prompt_attention`: torch's varlen flash attention over each prompt of the pass): judged like
     decode_attention, against float64 attention over the same bf16 inputs, within 1e-2 relative L2 (flash
     rounds the probabilities to bf16 before P.V, as the bf16 reference does) and no farther than 1.5x the
-    bf16 reference's own distance."""
+    bf16 reference's own distance. The values are a strided view, as a pass passes its qkv product's slice."""
     from qwen3_tts_native.engine.runtime.graphs import PromptRows
 
     heads, kv_heads, dim, cache_len, scale = 16, 8, 128, 320, 128**-0.5
@@ -199,7 +202,11 @@ def test_packed_prompt_attention_on_cuda() -> None:
     total = sum(lengths)
     rows, _, sequences = PromptRows.packed([torch.zeros(n, 1, device="cuda") for n in lengths], slots, total)
     queries = torch.randn(total, heads, dim, device="cuda", dtype=BF16) * 2
-    got = sequences.attend(queries, k_cache, v_cache, rows.slots, rows.positions, scale)
+    keys = k_cache[rows.slots, :, rows.positions]
+    qkv = torch.randn(total, (heads + 2 * kv_heads) * dim, device="cuda", dtype=BF16)
+    values = qkv[:, (heads + kv_heads) * dim :].view(total, kv_heads, dim)
+    values.copy_(v_cache[rows.slots, :, rows.positions])
+    got = sequences.attend(queries, keys, values, scale)
     exact = reference.decode_attention(
         queries.double(), k_cache.double(), v_cache.double(), rows.slots, rows.positions + 1, scale
     )

@@ -219,10 +219,12 @@ def test_attention_and_cache_write_fall_back() -> None:
     cos, sin = layers.rope_cos_sin(torch.arange(max_len), dim, 1e6, torch.float32)
     positions, slots = torch.tensor([0, 5, 11]), torch.tensor([2, 0, 3])
     k1, v1 = cache_k.clone(), cache_v.clone()
-    q_roped = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6)
+    keys = torch.empty(batch, kv_heads, dim)
+    q_roped = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6, keys)
     k2, v2 = cache_k.clone(), cache_v.clone()
     expected = reference.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
     assert torch.equal(q_roped, expected) and torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert torch.equal(keys, k2[slots, :, positions])
     out = ops.decode_attention(q_roped, k1, v1, slots, positions + 1, dim**-0.5)
     assert torch.equal(out, reference.decode_attention(q_roped, k1, v1, slots, positions + 1, dim**-0.5))
 
@@ -550,10 +552,11 @@ def test_prompt_passes_are_padded_with_their_last_token() -> None:
 
 def test_packed_prompts_attend_like_the_decode_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass above the buckets (`PromptRows.packed`: the prompts' rows, each prompt a sequence of
-    `PromptSequences`, then the padding as a sequence that continues the last prompt) gives each prompt row
-    the attention of its query over its own prompt's keys 0..its position, as the decode attention does row
-    by row: keys of other slots, stale cache entries past a prompt and the padding do not leak in. The
-    tables have fixed shapes (`PROMPTS_PER_PASS`), for the pass's graph."""
+    `PromptSequences`, then the padding as a sequence that continues the last prompt) gives each prompt row,
+    attending over the pass's own keys and values, the attention of its query over its own prompt's keys
+    0..its position, as the decode attention does row by row from the cache the pass wrote: keys of other
+    slots, stale cache entries past a prompt and the padding do not leak in. The tables have fixed shapes
+    (`PROMPTS_PER_PASS`), for the pass's graph."""
     monkeypatch.setattr(graphs, "PROMPTS_PER_PASS", 6)
     g = torch.Generator().manual_seed(5)
     lengths, slots = [3, 7, 1, 5], torch.tensor([4, 0, 2, 1])
@@ -572,7 +575,8 @@ def test_packed_prompts_attend_like_the_decode_attention(monkeypatch: pytest.Mon
     queries = torch.randn(20, heads, dim, generator=g)
     k_cache[rows.slots, :, rows.positions] = torch.randn(20, kv_heads, dim, generator=g)
     v_cache[rows.slots, :, rows.positions] = torch.randn(20, kv_heads, dim, generator=g)
-    got = sequences.attend(queries, k_cache, v_cache, rows.slots, rows.positions, dim**-0.5)
+    keys, values = k_cache[rows.slots, :, rows.positions], v_cache[rows.slots, :, rows.positions]
+    got = sequences.attend(queries, keys, values, dim**-0.5)
     expected = reference.decode_attention(
         queries, k_cache, v_cache, rows.slots, rows.positions + 1, dim**-0.5
     )

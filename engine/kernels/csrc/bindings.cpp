@@ -70,19 +70,25 @@ void check_rope_inputs(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_no
   TORCH_CHECK(positions.numel() == batch && slots.numel() == batch, "positions/slots must be [batch]");
 }
 
-void qk_norm_rope_cache(at::Tensor q_out, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm,
-                        at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots,
-                        at::Tensor k_cache, at::Tensor v_cache, double eps) {
+void qk_norm_rope_cache(at::Tensor q_out, c10::optional<at::Tensor> k_out, at::Tensor q, at::Tensor k,
+                        at::Tensor v, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin,
+                        at::Tensor positions, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps) {
   check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
   check(q_out, "q_out", at::kBFloat16);
   TORCH_CHECK(q_out.is_contiguous() && q_out.numel() == q.numel(), "q_out must be contiguous like q");
+  void* keys = nullptr;
+  if (k_out.has_value()) {
+    check(*k_out, "k_out", at::kBFloat16);
+    TORCH_CHECK(k_out->is_contiguous() && k_out->numel() == k.numel(), "k_out must be contiguous like k");
+    keys = k_out->data_ptr();
+  }
   const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
   const c10::cuda::CUDAGuard guard(q.device());
   ok(q3tts::qk_norm_rope_cache(q_out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0),
                                k.stride(0), v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(),
                                sin.data_ptr(), positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
-                               k_cache.data_ptr(), v_cache.data_ptr(), batch, q.size(1) / head_dim, kv_heads,
-                               head_dim, k_cache.size(2), static_cast<float>(eps), stream()),
+                               k_cache.data_ptr(), v_cache.data_ptr(), keys, batch, q.size(1) / head_dim,
+                               kv_heads, head_dim, k_cache.size(2), static_cast<float>(eps), stream()),
      "qk_norm_rope_cache");
 }
 

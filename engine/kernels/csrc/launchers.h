@@ -16,12 +16,14 @@ cudaError_t rms_norm(void* out, const void* x, void* residual, const void* weigh
 
 // Per-head q/k RMSNorm (fp32 statistics), rotate-half RoPE from bf16 cos/sin tables [positions, D],
 // then K/V written to cache[slot, kv_head, position, :]. q/k/v rows are `*_stride` elements apart.
-// q_out is [batch, q_heads, D]. Caches are one layer's [slots, kv_heads, max_len, D].
+// q_out is [batch, q_heads, D]. Caches are one layer's [slots, kv_heads, max_len, D]. k_out (nullable):
+// the roped keys also as [batch, kv_heads, D].
 cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const void* v, int q_stride,
                                int k_stride, int v_stride, const void* q_norm, const void* k_norm,
                                const void* cos, const void* sin, const int64_t* positions,
-                               const int64_t* slots, void* k_cache, void* v_cache, int batch, int q_heads,
-                               int kv_heads, int head_dim, int max_len, float eps, cudaStream_t stream);
+                               const int64_t* slots, void* k_cache, void* v_cache, void* k_out, int batch,
+                               int q_heads, int kv_heads, int head_dim, int max_len, float eps,
+                               cudaStream_t stream);
 
 // Split-K decode attention of one query per row over its slot's first lengths[b] cache entries.
 // q [batch, q_heads, D]; out [batch, q_heads, D]; workspace holds batch*q_heads*num_splits(span)*(D+2) floats.

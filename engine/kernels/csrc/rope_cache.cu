@@ -1,4 +1,6 @@
 // q/k RMSNorm + rotate-half RoPE + KV-cache write in one pass, one warp per head (rope.cuh's norm_rope_head).
+// With k_out, the roped keys also land in rows [batch, kv_heads, D]: a prompt pass attends over its own keys,
+// which it would otherwise gather back out of the cache.
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
@@ -17,8 +19,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                               const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
                               const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
                               const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
-                              bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
-                              int max_len, float eps) {
+                              bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, bf16* __restrict__ k_out,
+                              int q_heads, int kv_heads, int max_len, float eps) {
   constexpr int D = 64 * P;
   constexpr int H = D / 2;
   const int b = blockIdx.y;
@@ -58,6 +60,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     dst[lo + j] = out_lo[j];
     dst[lo + H + j] = out_hi[j];
   }
+  if (!is_q && k_out != nullptr) {
+    bf16* row = k_out + (static_cast<int64_t>(b) * kv_heads + h) * D;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      row[lo + j] = out_lo[j];
+      row[lo + H + j] = out_hi[j];
+    }
+  }
 }
 
 }  // namespace
@@ -65,8 +75,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const void* v, int q_stride,
                                int k_stride, int v_stride, const void* q_norm, const void* k_norm,
                                const void* cos, const void* sin, const int64_t* positions,
-                               const int64_t* slots, void* k_cache, void* v_cache, int batch, int q_heads,
-                               int kv_heads, int head_dim, int max_len, float eps, cudaStream_t stream) {
+                               const int64_t* slots, void* k_cache, void* v_cache, void* k_out, int batch,
+                               int q_heads, int kv_heads, int head_dim, int max_len, float eps,
+                               cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   const dim3 grid((q_heads + 2 * kv_heads + kWarps - 1) / kWarps, batch);
 #define Q3TTS_LAUNCH(P)                                                                                   \
@@ -74,8 +85,8 @@ cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const 
       static_cast<bf16*>(q_out), static_cast<const bf16*>(q), static_cast<const bf16*>(k),                \
       static_cast<const bf16*>(v), q_stride, k_stride, v_stride, static_cast<const bf16*>(q_norm),        \
       static_cast<const bf16*>(k_norm), static_cast<const bf16*>(cos), static_cast<const bf16*>(sin),     \
-      positions, slots, static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads,      \
-      max_len, eps)
+      positions, slots, static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), static_cast<bf16*>(k_out), \
+      q_heads, kv_heads, max_len, eps)
   switch (head_dim) {
     case 64: Q3TTS_LAUNCH(1); break;
     case 128: Q3TTS_LAUNCH(2); break;
