@@ -78,8 +78,8 @@ taken 64 rows 5.26 -> 5.09 ms (run 110). With this split (run 115): 4-16 rows 0.
 5.10 -> 5.08 ms."""
 PREFILL_ROWS = 8192
 """Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
-on a grid dimension of at most 65535 blocks, and the attention workspace grows as rows x context (4.4 GB
-for 8192 rows over 4096 positions of the real model)."""
+on a grid dimension of at most 65535 blocks, and the packed passes' shared static inputs and their largest
+graph (`PACKED_PROMPT_BUCKETS`) have this many rows."""
 PROMPT_BUCKETS: tuple[int, ...] = tuple(range(32, 257, 32))
 """Row counts a prompt pass is padded to, each with a captured graph: run eagerly, a pass is ~280 kernel
 launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's

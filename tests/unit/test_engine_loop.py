@@ -201,7 +201,7 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
     backend.mode, backend.buckets = EXACT, buckets
     backend.frame = graphs.KernelFrame(engine.talker, engine.predictor, EXACT)
     backend._decode, backend._complete, backend._prompt, backend._cache_ptr = {}, {}, {}, None
-    backend._state = None
+    backend._packed, backend._state = None, None
 
     def capture(run: Any) -> tuple[Any, Tensor]:
         out = run()
@@ -212,7 +212,13 @@ def direct_graph_backend(engine: VoiceDesignEngine, buckets: tuple[int, ...]) ->
 
 
 @pytest.mark.parametrize(
-    "buckets,prompt_buckets", [((1, 2, 4), graphs.PROMPT_BUCKETS), ((1, 2, 4), (24,)), ((3,), (16,))]
+    "buckets,prompt_buckets,packed_buckets",
+    [
+        ((1, 2, 4), graphs.PROMPT_BUCKETS, graphs.PACKED_PROMPT_BUCKETS),
+        ((1, 2, 4), (24,), graphs.PACKED_PROMPT_BUCKETS),
+        ((1, 2, 4), (16,), (32, 48)),
+        ((3,), (16,), graphs.PACKED_PROMPT_BUCKETS),
+    ],
 )
 def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
     tiny_voice_design_config: VoiceDesignConfig,
@@ -220,13 +226,16 @@ def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
     monkeypatch: pytest.MonkeyPatch,
     buckets: tuple[int, ...],
     prompt_buckets: tuple[int, ...],
+    packed_buckets: tuple[int, ...],
 ) -> None:
     """The graph backend's bookkeeping around its replays, on CPU: sessions prefilled together and joining
     and leaving a running batch (padded rows, stale padding inputs, buckets of 3 cut into chunks, sampling
-    rows reused or replaced; prompt passes replayed in their bucket, one pass or one for each prompt (the
-    first two prompts, 20 and 9 tokens, in buckets of 24), or run eagerly above the largest one) give each
-    session exactly its solo codes on the eager kernel frame."""
+    rows reused or replaced; prompt passes replayed in their bucket; above the largest one (the first two
+    prompts, 20 and 9 tokens, together) replayed from a packed graph where the padding fits the 64-position
+    cache (packed buckets of 32 and 48), else run eagerly and unpadded) give each session exactly its solo
+    codes on the eager kernel frame."""
     monkeypatch.setattr(graphs, "PROMPT_BUCKETS", prompt_buckets)
+    monkeypatch.setattr(graphs, "PACKED_PROMPT_BUCKETS", packed_buckets)
     eager = make_engine(tiny_voice_design_config, tiny_tensors)
     eager.frame_backend = graphs.KernelFrameBackend(eager.talker, eager.predictor, EXACT)
     solo = [eager.run_to_end(eager.open_session(r, p)) for r, p in zip(REQUESTS, PLANS, strict=True)]
@@ -255,6 +264,8 @@ def test_graph_backend_buffers_replay_the_kernel_frame_on_cpu(
         assert torch.equal(torch.stack(frames[index]), expected), f"session {index}"
     assert engine.free_slots == 4 and not active
     assert backend._prompt and set(backend._prompt) <= set(prompt_buckets)  # (16,): longer ones run eagerly
+    packed = set() if backend._packed is None else {rows for rows, _ in backend._packed.graphs}
+    assert packed == ({32} if packed_buckets == (32, 48) else set())
 
 
 def test_padded_graph_rows_run_on_the_scratch_slot() -> None:
