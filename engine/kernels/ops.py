@@ -15,12 +15,14 @@ from torch import Tensor
 
 from ..runtime import sampling
 from . import loader, reference
-from .reference import QuantizedWeight
+from .reference import QuantizedRows, QuantizedWeight
 
 __all__ = [
     "DrawRecord",
+    "QuantizedRows",
     "QuantizedWeight",
     "add_rms_norm_",
+    "add_rms_norm_fp8_",
     "codec_window_attention",
     "conv_to_one_channel",
     "decode_attention",
@@ -33,6 +35,7 @@ __all__ = [
     "qk_norm_rope_cache",
     "quantize_rows_fp8",
     "rms_norm",
+    "rms_norm_fp8",
     "rms_norm_linear",
     "rope_attention",
     "row_copy_suits",
@@ -42,6 +45,7 @@ __all__ = [
     "scatter_rows_",
     "set_dependent_launch",
     "silu_mul",
+    "silu_mul_fp8",
     "snake_beta",
     "tensor_core_linear",
     "tensor_core_linear_suits",
@@ -117,6 +121,54 @@ def add_rms_norm_(
     target = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out is None else out
     ext.rms_norm(target, rows, res, weight, eps)
     return target.view(x.shape) if out is None else out
+
+
+HELD_ROW_MAX_COLS = 8192
+"""The row kernels that quantize what they make hold a row in registers (256 threads x 4 vectors of 8)."""
+
+
+def _held_row(x: Tensor) -> bool:
+    return x.shape[-1] % 8 == 0 and x.shape[-1] <= HELD_ROW_MAX_COLS
+
+
+def _empty_rows_fp8(like: Tensor) -> QuantizedRows:
+    """Codes and scales for the rows of `like` [M, K]."""
+    return QuantizedRows(
+        torch.empty(like.shape, dtype=torch.float8_e4m3fn, device=like.device),
+        torch.empty(like.shape[0], dtype=torch.float32, device=like.device),
+    )
+
+
+def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
+    """`rms_norm` of x [M, H] quantized per row for `fp8_linear` (`reference.rms_norm_fp8`), in one kernel:
+    the bf16 norm is never written. Kernel tolerance: bit-identical to `quantize_rows_fp8(rms_norm(x))` (the
+    norm's kernel rounding, then the quantization's correctly rounded operations)."""
+    ext = _ext(x, weight)
+    rows = _rows(x) if ext is not None else None
+    if ext is None or rows is None or x.dim() != 2 or not _held_row(x):
+        return reference.rms_norm_fp8(x, weight, eps)
+    out = _empty_rows_fp8(rows)
+    ext.rms_norm_fp8(out.codes, out.scale, rows, None, weight, eps)
+    return out
+
+
+def add_rms_norm_fp8_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
+    """`add_rms_norm_` (residual <- residual + x in place) with the norm quantized per row for `fp8_linear`,
+    in one kernel. Kernel tolerance: bit-identical to `quantize_rows_fp8(add_rms_norm_(...))`."""
+    ext = _ext(x, residual, weight)
+    rows, res = (_rows(x), _rows(residual)) if ext is not None else (None, None)
+    if (
+        ext is None
+        or rows is None
+        or res is None
+        or rows.stride() != res.stride()
+        or x.dim() != 2
+        or not _held_row(x)
+    ):
+        return reference.add_rms_norm_fp8_(x, residual, weight, eps)
+    out = _empty_rows_fp8(rows)
+    ext.rms_norm_fp8(out.codes, out.scale, rows, res, weight, eps)
+    return out
 
 
 def qk_norm_rope_cache(
@@ -304,6 +356,25 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     out = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
     ext.silu_mul(out, g, u)
     return out.view(gate.shape)
+
+
+def silu_mul_fp8(gate: Tensor, up: Tensor) -> QuantizedRows:
+    """`silu_mul` of gate and up [M, I] quantized per row for `fp8_linear` (`reference.silu_mul_fp8`), in one
+    kernel. Kernel tolerance: bit-identical to `quantize_rows_fp8(silu_mul(gate, up))`."""
+    ext = _ext(gate, up)
+    g, u = (_rows(gate), _rows(up)) if ext is not None else (None, None)
+    if (
+        ext is None
+        or g is None
+        or u is None
+        or gate.shape != up.shape
+        or gate.dim() != 2
+        or not _held_row(gate)
+    ):
+        return reference.silu_mul_fp8(gate, up)
+    out = _empty_rows_fp8(g)
+    ext.silu_mul_fp8(out.codes, out.scale, g, u)
+    return out
 
 
 def snake_beta(x: Tensor, frequency: Tensor, inverse_beta: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -557,10 +628,10 @@ def linear(
     return out.view(*x.shape[:-1], data.shape[0])
 
 
-def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows_fp8(x: Tensor) -> QuantizedRows:
     """x [M, K] bf16 -> (e4m3 codes [M, K], fp32 scale [M]), one scale per row
-    (`reference.quantize_rows_fp8`). Kernel tolerance: bit-identical (the same correctly rounded divisions,
-    the same round-to-nearest-even cast)."""
+    (`reference.quantize_rows_fp8`). Kernel tolerance: bit-identical (the same correctly rounded divisions and
+    products, the same round-to-nearest-even cast)."""
     ext = _ext(x)
     rows = _rows(x) if ext is not None else None
     if ext is None or rows is None or x.dim() != 2 or x.shape[1] % 8:
@@ -568,7 +639,7 @@ def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     codes = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
     ext.quantize_rows_fp8(codes, scale, rows)
-    return codes, scale
+    return QuantizedRows(codes, scale)
 
 
 @lru_cache(maxsize=8)
@@ -576,35 +647,37 @@ def _has_fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def fp8_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+def fp8_linear(x: Tensor | QuantizedRows, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """x @ W^T (+ bias) as one fp8 tensor-core GEMM (`torch._scaled_mm`) for an e4m3 weight with per-channel
-    scales: x is quantized per row first (`quantize_rows_fp8`), and the GEMM scales rows and columns back
-    and rounds once to x's dtype.
+    scales: x is quantized per row first (`quantize_rows_fp8`) unless it comes quantized (rows [M, K] from
+    `rms_norm_fp8`, `add_rms_norm_fp8_` or `silu_mul_fp8`), and the GEMM scales rows and columns back and
+    rounds once to x's dtype (bf16 for quantized rows).
 
     Why: a prompt pass of many rows is compute-bound, and fp8 tensor cores run at twice bf16's rate. Not for
     decode rows: those read weights (the GEMV) and would pay a quantization kernel per product.
     Tolerance vs `reference.fp8_linear` (the fp32 product of the same codes): 1e-2 relative L2."""
+    first = x.codes if isinstance(x, QuantizedRows) else x
     fits = (
-        x.is_cuda
+        first.is_cuda
         and weight.data.dtype == torch.float8_e4m3fn
-        and x.dtype == torch.bfloat16
-        and x.shape[-1] % 16 == 0
+        and (isinstance(x, QuantizedRows) or x.dtype == torch.bfloat16)
+        and first.shape[-1] % 16 == 0
         and weight.shape[0] % 16 == 0
-        and _has_fp8_tensor_cores(x.device)
+        and _has_fp8_tensor_cores(first.device)
     )
     if not fits:
         return reference.fp8_linear(x, weight, bias)
-    codes, scale = quantize_rows_fp8(x.reshape(-1, x.shape[-1]))
+    rows = x if isinstance(x, QuantizedRows) else quantize_rows_fp8(x.reshape(-1, x.shape[-1]))
     out = torch._scaled_mm(
-        codes,
+        rows.codes,
         weight.data.t(),
-        scale_a=scale[:, None],
+        scale_a=rows.scale[:, None],
         scale_b=weight.scale[None, :],
-        out_dtype=x.dtype,
+        out_dtype=torch.bfloat16,
     )
     if bias is not None:
         out = out + bias
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.view(*first.shape[:-1], weight.shape[0])
 
 
 def linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight, l2_keep: int | None = None) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -35,6 +36,15 @@ class QuantizedWeight:
         return self.data.shape
 
 
+class QuantizedRows(NamedTuple):
+    """Activation rows in e4m3, the A operand of `fp8_linear`: codes [M, K] float8_e4m3fn, scale [M] fp32,
+    rows ~= codes.float() * scale[:, None]. Made by `quantize_rows_fp8`, or by the RMSNorm and SiLU x up
+    kernels that quantize the rows they make (`rms_norm_fp8`, `silu_mul_fp8`)."""
+
+    codes: Tensor
+    scale: Tensor
+
+
 def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
     """Per-output-channel symmetric quantization of a [out, in] weight to "int8" or "fp8" (e4m3; the rows
     quantized as `quantize_rows_fp8` quantizes activations)."""
@@ -49,25 +59,32 @@ def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
     return QuantizedWeight(data.contiguous(), scale.contiguous())
 
 
-def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [M, K] -> (e4m3 codes [M, K], fp32 scale [M]): each row scaled by its own max(amax, 1e-12) / 448,
-    so x ~= codes.float() * scale[:, None] (the activation side of `fp8_linear`)."""
+def quantize_rows_fp8(x: Tensor) -> QuantizedRows:
+    """x [M, K] -> (e4m3 codes [M, K], fp32 scale [M]): each row's scale max(amax, 1e-12) / 448, its codes
+    x * (448 / max(amax, 1e-12)), so x ~= codes.float() * scale[:, None] (the activation side of
+    `fp8_linear`). The inverse is one division a row, as the kernels compute it: a division an element made
+    them compute-bound (H200, run 126)."""
     rows = x.float()
     amax = rows.abs().amax(dim=1).clamp_min(1e-12)
-    scale = amax / torch.full_like(amax, FP8_E4M3_MAX)  # a true division (a scalar divisor is a reciprocal)
-    codes = (rows / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return codes, scale
+    limit = torch.full_like(amax, FP8_E4M3_MAX)
+    scale, inverse = amax / limit, limit / amax  # true divisions (torch multiplies by a scalar's reciprocal)
+    codes = (rows * inverse[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return QuantizedRows(codes, scale)
 
 
-def fp8_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
-    """x @ W^T (+ bias) for an fp8 weight with x quantized per row (`quantize_rows_fp8`): the fp32 product of
-    the two sets of codes times both scales, rounded once to x's dtype (what the fp8 GEMM computes)."""
-    rows = x.reshape(-1, x.shape[-1])
-    codes, scale = quantize_rows_fp8(rows)
-    out = (codes.float() @ weight.data.float().t()) * scale[:, None] * weight.scale
+def fp8_linear(x: Tensor | QuantizedRows, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    """x @ W^T (+ bias) for an fp8 weight with x quantized per row (`quantize_rows_fp8`, or rows [M, K]
+    quantized already): the fp32 product of the two sets of codes times both scales, rounded once to x's
+    dtype (bf16 for quantized rows, the activations' dtype of the mode with fp8 weights), what the fp8 GEMM
+    computes."""
+    if isinstance(x, QuantizedRows):
+        rows, lead, dtype = x, x.codes.shape[:-1], torch.bfloat16
+    else:
+        rows, lead, dtype = quantize_rows_fp8(x.reshape(-1, x.shape[-1])), x.shape[:-1], x.dtype
+    out = (rows.codes.float() @ weight.data.float().t()) * rows.scale[:, None] * weight.scale
     if bias is not None:
         out = out + bias.float()
-    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+    return out.to(dtype).view(*lead, weight.shape[0])
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -78,6 +95,16 @@ def add_rms_norm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Te
     """residual <- residual + x (model dtype); returns rms_norm(residual)."""
     residual.copy_(residual + x)
     return layers.rms_norm(residual, weight, eps)
+
+
+def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
+    """rms_norm(x) quantized per row, x [M, H]."""
+    return quantize_rows_fp8(rms_norm(x, weight, eps))
+
+
+def add_rms_norm_fp8_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
+    """`add_rms_norm_` (residual updated in place) with the norm quantized per row."""
+    return quantize_rows_fp8(add_rms_norm_(x, residual, weight, eps))
 
 
 def qk_norm_rope_cache(
@@ -141,6 +168,11 @@ def prompt_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Tensor, scale: flo
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return layers.swiglu(gate, up)
+
+
+def silu_mul_fp8(gate: Tensor, up: Tensor) -> QuantizedRows:
+    """silu_mul(gate, up) quantized per row, gate and up [M, I]."""
+    return quantize_rows_fp8(silu_mul(gate, up))
 
 
 def frame_embedding(

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import ops
-from ..kernels.reference import QuantizedWeight, quantize_weight
+from ..kernels.reference import QuantizedRows, QuantizedWeight, quantize_weight
 from ..model.layers import KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
@@ -76,10 +76,6 @@ processes against the records after the frame (benchmarks/results/2026-12-03-run
 0.2-0.4% shorter at 1-16 rows, 2.7% longer at 64 (5.10 -> 5.24 ms, both modes); the side-stream record had
 taken 64 rows 5.26 -> 5.09 ms (run 110). With this split (run 115): 4-16 rows 0.1-0.5% shorter, 64 rows
 5.10 -> 5.08 ms."""
-PREFILL_ROWS = 8192
-"""Prompt tokens per pass at most (whole prompts; a longer one runs alone): the kernels put a pass's rows
-on a grid dimension of at most 65535 blocks, and the packed passes' shared static inputs and their largest
-graph (`PACKED_PROMPT_BUCKETS`) have this many rows."""
 PROMPT_BUCKETS: tuple[int, ...] = tuple(range(32, 257, 32))
 """Row counts a prompt pass is padded to, each with a captured graph: run eagerly, a pass is ~280 kernel
 launches from Python (about 5 ms of host time for a GPU pass of ~1.5 ms at one stream), most of a request's
@@ -87,21 +83,28 @@ time to first audio. Steps of 32 rows: a padding row costs what a prompt row doe
 prompt ran 256 rows with powers of two). A pass of more rows is packed (`PACKED_PROMPT_BUCKETS`). The
 largest bucket bounds what these graphs add to the footprint (the attention workspace grows as rows x
 context)."""
+PROMPTS_PER_PASS = 64
+"""Prompts in one pass at most: a packed pass's sequence table has this many entries and one for padding."""
+PREFILL_ROWS = PROMPTS_PER_PASS * PROMPT_BUCKETS[-1]
+"""Prompt tokens per pass at most (whole prompts; a longer one runs alone): as many prompts of the largest
+prompt bucket as a pass takes prompts, so the sessions of a full batch prefill in one pass. The packed passes'
+shared static inputs and their largest graph (`PACKED_PROMPT_BUCKETS`) have this many rows (the kernels put
+a pass's rows on a grid dimension of at most 65535 blocks). A smaller pass runs its products slower a row:
+with 8,192 rows here the bench's 64 prompts of 152 tokens split into 8,192 + 1,792 rows, and the second
+pass's products ran at 400-900 TFLOP/s against 650-1,200 (H200, run 125)."""
 PACKED_PROMPT_BUCKETS: tuple[int, ...] = tuple(range(PROMPT_BUCKETS[-1] + 256, PREFILL_ROWS + 1, 256))
 """Row counts a pass above `PROMPT_BUCKETS` is padded to, each with a graph per `PACKED_SPANS` entry. Run
 eagerly such a pass is ~2,000 host ops (732 allocations, 555 launches, 112 `torch._scaled_mm` calls at 43-103
 us of host each in fast mode, run 91), so the host sets its time where the host is slow: a 64-stream prefill
 of 91 ms against 50 ms on a fast host with the same GPU work (fast mode, runs 111 and 117). A replay does not
-wait on the host. Steps of 256 rows: at most 255 padding rows a pass (the bench's 64 x 152-token prefill
-pads 9,728 rows to 9,984). Several sessions' prompts go into one such pass rather than one bucketed pass
+wait on the host. Steps of 256 rows: at most 255 padding rows a pass (the bench's 64 x 152-token prefill,
+9,728 rows, needs none). Several sessions' prompts go into one such pass rather than one bucketed pass
 each, which reads the weights again a pass: H200, the bench's 152-token prompt, 2 / 3 / 4 / 8 sessions 7.4 /
 7.4 / 8.3 / 11.2 ms against 7.9 / 10.6 / 13.1 / 23.2 ms as bucketed passes (fast mode, run 121; exact
 alike)."""
 PACKED_SPANS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
 """Longest-sequence bounds of the packed passes' graphs: the flash kernel has a block per (128 queries of the
 longest sequence, sequence, head), so a graph is captured per bound, not once for the longest possible."""
-PROMPTS_PER_PASS = 64
-"""Prompts in one pass at most: a packed pass's sequence table has this many entries and one for padding."""
 
 
 def prompt_pass_rows(rows: int) -> int:
@@ -257,14 +260,22 @@ class Weight:
         data = self.small if isinstance(self.small, Tensor) else self.small.data
         return data.numel() * data.element_size()
 
-    def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    def __call__(self, x: Tensor | QuantizedRows, bias: Tensor | None = None) -> Tensor:
+        if isinstance(x, QuantizedRows):
+            return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
         if self._dense_rows(x):
             return self._gemm(x, bias)
         return ops.linear(x, self.small, bias, self.l2_keep)
 
-    def swiglu(self, x: Tensor) -> Tensor:
+    def swiglu(self, x: Tensor | QuantizedRows) -> Tensor | QuantizedRows:
         """SiLU(gate) * up for this fused [gate; up] weight: on the GEMV path one kernel that writes only the
-        SwiGLU (ops.linear_swiglu), on cuBLAS the product then `silu_mul`; the same result either way."""
+        SwiGLU (ops.linear_swiglu), on cuBLAS the product then `silu_mul`; the same result either way. Rows
+        whose products run fp8 come back quantized (`ops.silu_mul_fp8`) for the down projection, whose rows
+        run fp8 too (a block's weights share one mode)."""
+        if isinstance(x, QuantizedRows) or self._fp8_rows(x):
+            gate_up = self(x)
+            width = gate_up.shape[1] // 2
+            return ops.silu_mul_fp8(gate_up[:, :width], gate_up[:, width:])
         if not self._dense_rows(x):
             return ops.linear_swiglu(x, self.small, self.l2_keep)
         if self._on_tensor_cores(x, swiglu=True):
@@ -274,23 +285,42 @@ class Weight:
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
 
     def after_rms_norm(
-        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, swiglu: bool = False
+        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
         """(this weight's product with rms_norm(s) * norm_weight, s), s = x + delta (x when delta is None): a
-        block's residual add, its RMSNorm and the projection after it (the SwiGLU for a gate/up weight).
+        block's residual add, its RMSNorm and the projection after it.
 
         On the GEMV path one kernel whose blocks norm their input (ops.rms_norm_linear; s is a new tensor).
         On cuBLAS the add-RMSNorm kernel updates x in place (s is x), then the product."""
         if self.norm_in_gemv and not self._dense_rows(x):
+            return ops.rms_norm_linear(x, norm_weight, eps, self.small, delta=delta, l2_keep=self.l2_keep)
+        return self(self._normed(x, delta, norm_weight, eps)), x
+
+    def swiglu_after_rms_norm(
+        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float
+    ) -> tuple[Tensor | QuantizedRows, Tensor]:
+        """`after_rms_norm` for a gate/up weight: the SwiGLU (`swiglu`) of the normed rows."""
+        if self.norm_in_gemv and not self._dense_rows(x):
             return ops.rms_norm_linear(
-                x, norm_weight, eps, self.small, delta=delta, swiglu=swiglu, l2_keep=self.l2_keep
+                x, norm_weight, eps, self.small, delta=delta, swiglu=True, l2_keep=self.l2_keep
             )
-        h = (
+        return self.swiglu(self._normed(x, delta, norm_weight, eps)), x
+
+    def _normed(
+        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float
+    ) -> Tensor | QuantizedRows:
+        """rms_norm(x + delta) * norm_weight with x updated in place, quantized in the norm's kernel where
+        this weight's product runs fp8: the activations' quantization took 4.4 of a 64-session prefill's
+        44.7 ms as kernels of their own (run 123)."""
+        if self._fp8_rows(x):
+            if delta is None:
+                return ops.rms_norm_fp8(x, norm_weight, eps)
+            return ops.add_rms_norm_fp8_(delta, x, norm_weight, eps)
+        return (
             ops.rms_norm(x, norm_weight, eps)
             if delta is None
             else ops.add_rms_norm_(delta, x, norm_weight, eps)
         )
-        return (self.swiglu(h) if swiglu else self(h)), x
 
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
@@ -298,8 +328,11 @@ class Weight:
     def _on_tensor_cores(self, x: Tensor, swiglu: bool = False) -> bool:
         return x.shape[0] <= self.tensor_core_max_rows and ops.tensor_core_linear_suits(x, self.small, swiglu)
 
+    def _fp8_rows(self, x: Tensor) -> bool:
+        return self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows and self._dense_rows(x)
+
     def _gemm(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        if self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows:
+        if self._fp8_rows(x):
             return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
         if self._on_tensor_cores(x):
             return ops.tensor_core_linear(x, self.small, bias)
@@ -479,7 +512,7 @@ def _run_blocks(
                 distinct_slots=distinct_slots,
                 span=span,
             )
-        mlp, residual = blk.gate_up.after_rms_norm(residual, blk.o(attended), blk.post_norm, eps, swiglu=True)
+        mlp, residual = blk.gate_up.swiglu_after_rms_norm(residual, blk.o(attended), blk.post_norm, eps)
         delta = blk.down(mlp)
     assert delta is not None
     return residual, delta

@@ -366,6 +366,46 @@ def test_batched_prefill_replays_the_eager_kernels(
     assert max(rel) <= LOGIT_TOLERANCE, report
 
 
+def test_fast_packed_pass_quantizes_its_rows_in_the_norm_and_silu_kernels(
+    engine: VoiceDesignEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fast mode: the fp8 products of a packed pass (912 rows) take rows the RMSNorm and SiLU x up kernels
+    quantize as they make them. The pass's last hiddens equal, bit for bit, those of the pass whose rows
+    are made by the bf16 kernels and then quantized by `quantize_rows_fp8` (the route before the fusion)."""
+    frame = graphs.KernelFrame(engine.talker, engine.predictor, FAST)
+    sessions = [engine.start_session(r) for r in LONG]
+    try:
+        prompts = [s.prompt for s in sessions if s.prompt is not None]
+        slots = torch.arange(len(prompts), device=engine.device)
+        fused = frame.prefill_hidden_many(prompts, slots, engine.talker.new_cache(len(prompts), 512))
+        calls = {"norm": 0, "silu": 0}
+
+        def unfused_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> ops.QuantizedRows:
+            calls["norm"] += 1
+            return ops.quantize_rows_fp8(ops.rms_norm(x, w, eps))
+
+        def unfused_add_norm(
+            d: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float
+        ) -> ops.QuantizedRows:
+            calls["norm"] += 1
+            return ops.quantize_rows_fp8(ops.add_rms_norm_(d, x, w, eps))
+
+        def unfused_silu(gate: torch.Tensor, up: torch.Tensor) -> ops.QuantizedRows:
+            calls["silu"] += 1
+            return ops.quantize_rows_fp8(ops.silu_mul(gate, up))
+
+        monkeypatch.setattr(ops, "rms_norm_fp8", unfused_norm)
+        monkeypatch.setattr(ops, "add_rms_norm_fp8_", unfused_add_norm)
+        monkeypatch.setattr(ops, "silu_mul_fp8", unfused_silu)
+        unfused = frame.prefill_hidden_many(prompts, slots, engine.talker.new_cache(len(prompts), 512))
+    finally:
+        for s in sessions:
+            engine.release(s)
+    layers = len(engine.talker.layers)
+    assert calls == {"norm": 2 * layers, "silu": layers}
+    assert torch.equal(fused, unfused)
+
+
 def test_a_session_leaving_a_full_bucket_changes_nothing_for_the_others(engine: VoiceDesignEngine) -> None:
     """A session leaves a full bucket after 5 steps: the others run on with a padded row in its place and
     a new batch of sampling rows, and their codes equal those of the run where it stays (exact mode: within

@@ -30,9 +30,13 @@ Tolerances, per op:
 - codec_window_attention: the next cache bit-identical (the RoPE'd keys round as torch's mul and addcmul
   do); the output within 1e-5 relative L2 in float32 of the reference, bf16 within 1e-2 (the reference
   rounds its softmax's inputs and its product to bf16 in other places); a stream alone as in the batch.
-- quantize_rows_fp8: bit-identical codes and scales (the same correctly rounded divisions and cast).
+- quantize_rows_fp8: bit-identical codes and scales (the same correctly rounded divisions, product and cast).
 - fp8_linear: relative L2 <= 1e-2 against the fp32 product of the same codes (reference.fp8_linear); the
-  GEMM accumulates in fp32 in its own order and rounds once to bf16.
+  GEMM accumulates in fp32 in its own order and rounds once to bf16. Rows quantized already give the same
+  bits as the bf16 rows they came from.
+- rms_norm_fp8, add_rms_norm_fp8_, silu_mul_fp8: bit-identical to the unfused kernels (the norm or silu_mul
+  kernel, then quantize_rows_fp8): the same expressions, held in registers instead of written. Against the
+  reference, silu_mul_fp8 is bit-identical; the norms carry rms_norm's ulp, which can move a code by one step.
 """
 
 from __future__ import annotations
@@ -352,6 +356,54 @@ def test_fp8_linear(ext, n: int, k: int, m: int) -> None:  # type: ignore[no-unt
     assert out.shape == (n, m) and out.dtype == BF16 and not torch.isnan(out.float()).any()
     assert rel(out, reference.fp8_linear(x, weight)) <= 1e-2
     assert rel(out, x @ w.t()) <= 8e-2
+
+
+def same_rows(a: reference.QuantizedRows, b: reference.QuantizedRows) -> bool:
+    return torch.equal(a.scale, b.scale) and torch.equal(a.codes.view(torch.uint8), b.codes.view(torch.uint8))
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 2048), (600, 2048), (9733, 2048), (33, 1024), (7, 8192)])
+def test_rms_norm_fp8_is_the_norm_then_the_quantization(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyped-def]
+    """The norm kernel that quantizes its rows against the norm kernel then `quantize_rows_fp8`, with and
+    without the residual add (updated in place, bit for bit), an all-zero row included."""
+    torch.manual_seed(rows + hidden)
+    x = torch.randn(rows, hidden, device="cuda", dtype=BF16) * 3
+    x[0] = 0
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(BF16)
+    fused = ops.rms_norm_fp8(x, w, 1e-6)
+    assert fused.codes.dtype == torch.float8_e4m3fn and fused.codes.shape == x.shape
+    assert same_rows(fused, ops.quantize_rows_fp8(ops.rms_norm(x, w, 1e-6)))
+    delta = torch.randn_like(x)
+    r_fused, r_unfused, r_ref = x.clone(), x.clone(), x.clone()
+    fused = ops.add_rms_norm_fp8_(delta, r_fused, w, 1e-6)
+    assert same_rows(fused, ops.quantize_rows_fp8(ops.add_rms_norm_(delta, r_unfused, w, 1e-6)))
+    assert torch.equal(r_fused, r_unfused)
+    expected = reference.add_rms_norm_fp8_(delta, r_ref, w, 1e-6)
+    assert torch.equal(r_fused, r_ref) and torch.equal(fused.scale, expected.scale)
+    steps = (fused.codes.view(torch.uint8).int() - expected.codes.view(torch.uint8).int()).abs()
+    assert int(steps.max()) <= 1 and float((steps == 0).float().mean()) >= 0.99
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 6144), (600, 6144), (9733, 6144), (64, 3072), (5, 8192)])
+def test_silu_mul_fp8_bit_identical(ext, rows: int, cols: int) -> None:  # type: ignore[no-untyped-def]
+    """SiLU x up quantized in its kernel, from the halves of a gate/up product (rows a stride apart), against
+    silu_mul then `quantize_rows_fp8`, and against the reference."""
+    torch.manual_seed(rows + cols)
+    gate_up = torch.randn(rows, 2 * cols, device="cuda", dtype=BF16) * 4
+    gate, up = gate_up[:, :cols], gate_up[:, cols:]
+    fused = ops.silu_mul_fp8(gate, up)
+    assert same_rows(fused, ops.quantize_rows_fp8(ops.silu_mul(gate, up)))
+    assert same_rows(fused, reference.silu_mul_fp8(gate, up))
+
+
+def test_fp8_linear_of_quantized_rows_is_the_product_of_the_bf16_rows(ext) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(5)
+    x = torch.randn(600, 2048, device="cuda", dtype=BF16)
+    weight = reference.quantize_weight((torch.randn(4096, 2048, device="cuda") / 45).to(BF16), "fp8")
+    bias = torch.randn(4096, device="cuda", dtype=BF16)
+    assert torch.equal(
+        ops.fp8_linear(ops.quantize_rows_fp8(x), weight, bias), ops.fp8_linear(x, weight, bias)
+    )
 
 
 TENSOR_CORE_SHAPES = [

@@ -157,6 +157,29 @@ def test_fp8_linear_falls_back_to_the_product_of_row_quantized_codes() -> None:
     assert torch.equal(out, expected.to(torch.bfloat16))
     plain = x.float() @ w.t()
     assert (out.float() - plain).norm() / plain.norm() < 0.08
+    assert torch.equal(ops.fp8_linear(ops.quantize_rows_fp8(x), weight), out)
+
+
+def test_row_ops_that_quantize_are_the_op_then_the_quantization() -> None:
+    """Off CUDA the norm and SiLU x up that quantize their rows for `fp8_linear` are the bf16 op then
+    `quantize_rows_fp8`; the residual add lands in place as `add_rms_norm_`'s does."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 64, generator=g, dtype=torch.bfloat16)
+    delta = torch.randn(6, 64, generator=g, dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(64, generator=g)).to(torch.bfloat16)
+
+    def same(a: reference.QuantizedRows, b: reference.QuantizedRows) -> bool:
+        return torch.equal(a.scale, b.scale) and torch.equal(
+            a.codes.view(torch.uint8), b.codes.view(torch.uint8)
+        )
+
+    assert same(ops.rms_norm_fp8(x, w, 1e-6), ops.quantize_rows_fp8(ops.rms_norm(x, w, 1e-6)))
+    residual, expected_residual = x.clone(), x.clone()
+    fused = ops.add_rms_norm_fp8_(delta, residual, w, 1e-6)
+    assert same(fused, ops.quantize_rows_fp8(ops.add_rms_norm_(delta, expected_residual, w, 1e-6)))
+    assert torch.equal(residual, expected_residual) and not torch.equal(residual, x)
+    gate, up = x, delta
+    assert same(ops.silu_mul_fp8(gate, up), ops.quantize_rows_fp8(ops.silu_mul(gate, up)))
 
 
 def test_linear_swiglu_falls_back_to_linear_then_swiglu() -> None:
@@ -529,15 +552,18 @@ def test_prompts_fill_passes_in_order_up_to_the_row_and_prompt_limits(
 def test_prompt_passes_are_padded_with_their_last_token() -> None:
     """A prompt pass runs its bucket's row count (so an eager pass and its graph compute the same
     products); the padding rows repeat the last prompt's last token, so they write only what it writes."""
-    assert [graphs.prompt_pass_rows(n) for n in (1, 32, 33, 152, 256, 257, 8192, 8193)] == [
+    assert graphs.PREFILL_ROWS == graphs.PROMPTS_PER_PASS * graphs.PROMPT_BUCKETS[-1] == 16384
+    assert [graphs.prompt_pass_rows(n) for n in (1, 32, 33, 152, 256, 257, 9728, 9729, 16384, 16385)] == [
         32,
         32,
         64,
         160,
         256,
         512,
-        8192,
-        8193,
+        9728,
+        9984,
+        16384,
+        16385,
     ]
     assert [graphs.packed_span(n) for n in (1, 256, 257, 8192, 8193)] == [256, 256, 512, 8192, 8193]
     g = torch.Generator().manual_seed(2)

@@ -51,6 +51,28 @@ void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, 
      "rms_norm");
 }
 
+void rms_norm_fp8(at::Tensor codes, at::Tensor scale, at::Tensor x, c10::optional<at::Tensor> residual,
+                  at::Tensor weight, double eps) {
+  check(x, "x", at::kBFloat16);
+  check(codes, "codes", at::kFloat8_e4m3fn);
+  check(scale, "scale", at::kFloat);
+  check(weight, "weight", at::kBFloat16);
+  check_rows(x, "x");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight must be [hidden]");
+  TORCH_CHECK(codes.is_contiguous() && codes.sizes() == x.sizes(), "codes must be contiguous and x's shape");
+  TORCH_CHECK(scale.is_contiguous() && scale.numel() == x.size(0), "scale must be [rows]");
+  void* res = nullptr;
+  if (residual.has_value()) {
+    check(*residual, "residual", at::kBFloat16);
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->strides() == x.strides(), "residual must match x");
+    res = residual->data_ptr();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::rms_norm_fp8(codes.data_ptr(), scale.data_ptr<float>(), x.data_ptr(), res, weight.data_ptr(), x.size(0),
+                         x.size(1), x.stride(0), static_cast<float>(eps), stream()),
+     "rms_norm_fp8");
+}
+
 // The checks shared by the ops that norm and rope one new token per row and write its K/V to the cache.
 void check_rope_inputs(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm,
                        at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
@@ -151,6 +173,22 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
   ok(q3tts::silu_mul(out.data_ptr(), gate.data_ptr(), up.data_ptr(), gate.size(0), gate.size(1), gate.stride(0),
                      up.stride(0), out.stride(0), stream()),
      "silu_mul");
+}
+
+void silu_mul_fp8(at::Tensor codes, at::Tensor scale, at::Tensor gate, at::Tensor up) {
+  check(gate, "gate", at::kBFloat16);
+  check(up, "up", at::kBFloat16);
+  check(codes, "codes", at::kFloat8_e4m3fn);
+  check(scale, "scale", at::kFloat);
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must be one shape");
+  TORCH_CHECK(codes.is_contiguous() && codes.sizes() == gate.sizes(), "codes must be contiguous and gate's shape");
+  TORCH_CHECK(scale.is_contiguous() && scale.numel() == gate.size(0), "scale must be [rows]");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  ok(q3tts::silu_mul_fp8(codes.data_ptr(), scale.data_ptr<float>(), gate.data_ptr(), up.data_ptr(), gate.size(0),
+                         gate.size(1), gate.stride(0), up.stride(0), stream()),
+     "silu_mul_fp8");
 }
 
 // out[r] = bf16(bf16(first_table[c[0]] + sum_j tables[j - 1][c[j]]) + text[r]), c = codes[code_rows[r]] (codes[r]
@@ -635,11 +673,13 @@ void copy_rows(std::vector<at::Tensor> dsts, std::vector<at::Tensor> srcs, at::T
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "qwen3-tts-native CUDA kernels";
   m.def("rms_norm", &rms_norm);
+  m.def("rms_norm_fp8", &rms_norm_fp8);
   m.def("qk_norm_rope_cache", &qk_norm_rope_cache);
   m.def("decode_attention_workspace", &decode_attention_workspace);
   m.def("decode_attention", &decode_attention);
   m.def("rope_attention", &rope_attention);
   m.def("silu_mul", &silu_mul);
+  m.def("silu_mul_fp8", &silu_mul_fp8);
   m.def("quantize_rows_fp8", &quantize_rows_fp8);
   m.def("frame_embedding", &frame_embedding);
   m.def("gemv", &gemv);

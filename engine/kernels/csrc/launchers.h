@@ -14,6 +14,10 @@ enum class WeightKind : int { kBf16 = 0, kInt8 = 1, kFp8E4M3 = 2 };
 cudaError_t rms_norm(void* out, const void* x, void* residual, const void* weight, int rows, int hidden,
                      int x_stride, int out_stride, float eps, cudaStream_t stream);
 
+// `rms_norm`'s row quantized as `quantize_rows_fp8` quantizes it: codes contiguous [rows, hidden], scale [rows].
+cudaError_t rms_norm_fp8(void* codes, float* scale, const void* x, void* residual, const void* weight, int rows,
+                         int hidden, int x_stride, float eps, cudaStream_t stream);
+
 // Per-head q/k RMSNorm (fp32 statistics), rotate-half RoPE from bf16 cos/sin tables [positions, D],
 // then K/V written to cache[slot, kv_head, position, :]. q/k/v rows are `*_stride` elements apart.
 // q_out is [batch, q_heads, D]. Caches are one layer's [slots, kv_heads, max_len, D]. k_out (nullable):
@@ -59,6 +63,11 @@ cudaError_t frame_embedding(void* out, const int64_t* codes, int code_stride, co
 cudaError_t silu_mul(void* out, const void* gate, const void* up, int rows, int cols, int gate_stride,
                      int up_stride, int out_stride, cudaStream_t stream);
 
+// `silu_mul`'s row quantized as `quantize_rows_fp8` quantizes it: codes contiguous [rows, cols], scale [rows];
+// cols <= 8192.
+cudaError_t silu_mul_fp8(void* codes, float* scale, const void* gate, const void* up, int rows, int cols,
+                         int gate_stride, int up_stride, cudaStream_t stream);
+
 // y[n, :m] = bf16(x[n, :k] @ W[m, k]^T * scale[m] + bias[m]); scale may be null (bf16 weights),
 // bias may be null. Each output row's reduction order is fixed, whatever n is (batch invariant).
 // With `swiglu`, W is the fused [gate; up] weight [2m, k] (gate rows first, no bias) and
@@ -86,8 +95,8 @@ cudaError_t tensor_core_linear(void* y, const void* x, const void* w, const floa
                                int k, int m, int x_stride, int y_stride, WeightKind kind, bool swiglu,
                                cudaStream_t stream);
 
-// out[r, :] = e4m3(x[r, :] / scale[r]) (saturating, round to nearest even) with scale[r] = max(amax of the row,
-// 1e-12) / 448, both divisions correctly rounded: the per-row activation quantization of `ops.fp8_linear`.
+// out[r, :] = e4m3(x[r, :] * (448 / a)) (saturating, round to nearest even) and scale[r] = a / 448, a = max(amax
+// of the row, 1e-12), each operation correctly rounded: the per-row activation quantization of `ops.fp8_linear`.
 // x rows are x_stride elements apart (a multiple of 8); out is contiguous [rows, cols], cols a multiple of 8.
 cudaError_t quantize_rows_fp8(void* out, float* scale, const void* x, int rows, int cols, int x_stride,
                               cudaStream_t stream);
