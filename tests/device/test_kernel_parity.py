@@ -230,6 +230,7 @@ def test_packed_prompt_attention_on_cuda() -> None:
         (2, 16, 8, 128, 300),
         (7, 16, 8, 128, 4096),
         (64, 16, 8, 128, 1024),
+        (64, 16, 8, 128, 4096),
         (6, 8, 8, 64, 200),
     ],
 )
@@ -238,7 +239,9 @@ def test_rope_attention_is_rope_then_attention(  # type: ignore[no-untyped-def]
 ) -> None:
     """The fused path (one kernel up to 64 positions, then split tiles and the merge) equals
     qk_norm_rope_cache then decode_attention bit for bit: the output and both caches, with new tokens at
-    the first and last position of a cache and on both sides of a tile boundary."""
+    the first and last position of a cache and on both sides of a tile boundary. From 7 rows of a
+    4096-position cache (64 rows of 1024) its blocks take several splits each: up to 4 a block at 64 rows of
+    1024, up to 16 at 64 rows of 4096."""
     slots_total = batch + 2
     q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
     positions = torch.randint(0, max_len, (batch,), device="cuda")
