@@ -636,10 +636,9 @@ def quantize_rows_fp8(x: Tensor) -> QuantizedRows:
     rows = _rows(x) if ext is not None else None
     if ext is None or rows is None or x.dim() != 2 or x.shape[1] % 8:
         return reference.quantize_rows_fp8(x)
-    codes = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
-    ext.quantize_rows_fp8(codes, scale, rows)
-    return QuantizedRows(codes, scale)
+    out = _empty_rows_fp8(rows)
+    ext.quantize_rows_fp8(out.codes, out.scale, rows)
+    return out
 
 
 @lru_cache(maxsize=8)

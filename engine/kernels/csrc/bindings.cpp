@@ -32,19 +32,32 @@ void ok(cudaError_t err, const char* what) {
 
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream(); }
 
-void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps) {
+// The checks shared by the RMSNorm ops: bf16 rows x, a [hidden] weight and an optional residual laid out as x.
+// Returns the residual's pointer (null without one).
+void* check_norm_inputs(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight) {
   check(x, "x", at::kBFloat16);
-  check(out, "out", at::kBFloat16);
   check(weight, "weight", at::kBFloat16);
   check_rows(x, "x");
-  check_rows(out, "out");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight must be [hidden]");
-  void* res = nullptr;
-  if (residual.has_value()) {
-    check(*residual, "residual", at::kBFloat16);
-    TORCH_CHECK(residual->sizes() == x.sizes() && residual->strides() == x.strides(), "residual must match x");
-    res = residual->data_ptr();
-  }
+  if (!residual.has_value()) return nullptr;
+  check(*residual, "residual", at::kBFloat16);
+  TORCH_CHECK(residual->sizes() == x.sizes() && residual->strides() == x.strides(), "residual must match x");
+  return residual->data_ptr();
+}
+
+// The checks of a quantized-rows output for rows shaped as `like`: contiguous e4m3 codes and an fp32 scale a row.
+void check_quantized_rows(at::Tensor codes, at::Tensor scale, const at::Tensor& like, const char* like_name) {
+  check(codes, "codes", at::kFloat8_e4m3fn);
+  check(scale, "scale", at::kFloat);
+  TORCH_CHECK(codes.is_contiguous() && codes.sizes() == like.sizes(), "codes must be contiguous and ", like_name,
+              "'s shape");
+  TORCH_CHECK(scale.is_contiguous() && scale.numel() == like.size(0), "scale must be [rows]");
+}
+
+void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps) {
+  void* res = check_norm_inputs(x, residual, weight);
+  check(out, "out", at::kBFloat16);
+  check_rows(out, "out");
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::rms_norm(out.data_ptr(), x.data_ptr(), res, weight.data_ptr(), x.size(0), x.size(1), x.stride(0),
                      out.stride(0), static_cast<float>(eps), stream()),
@@ -53,20 +66,8 @@ void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, 
 
 void rms_norm_fp8(at::Tensor codes, at::Tensor scale, at::Tensor x, c10::optional<at::Tensor> residual,
                   at::Tensor weight, double eps) {
-  check(x, "x", at::kBFloat16);
-  check(codes, "codes", at::kFloat8_e4m3fn);
-  check(scale, "scale", at::kFloat);
-  check(weight, "weight", at::kBFloat16);
-  check_rows(x, "x");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight must be [hidden]");
-  TORCH_CHECK(codes.is_contiguous() && codes.sizes() == x.sizes(), "codes must be contiguous and x's shape");
-  TORCH_CHECK(scale.is_contiguous() && scale.numel() == x.size(0), "scale must be [rows]");
-  void* res = nullptr;
-  if (residual.has_value()) {
-    check(*residual, "residual", at::kBFloat16);
-    TORCH_CHECK(residual->sizes() == x.sizes() && residual->strides() == x.strides(), "residual must match x");
-    res = residual->data_ptr();
-  }
+  void* res = check_norm_inputs(x, residual, weight);
+  check_quantized_rows(codes, scale, x, "x");
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::rms_norm_fp8(codes.data_ptr(), scale.data_ptr<float>(), x.data_ptr(), res, weight.data_ptr(), x.size(0),
                          x.size(1), x.stride(0), static_cast<float>(eps), stream()),
@@ -178,13 +179,10 @@ void silu_mul(at::Tensor out, at::Tensor gate, at::Tensor up) {
 void silu_mul_fp8(at::Tensor codes, at::Tensor scale, at::Tensor gate, at::Tensor up) {
   check(gate, "gate", at::kBFloat16);
   check(up, "up", at::kBFloat16);
-  check(codes, "codes", at::kFloat8_e4m3fn);
-  check(scale, "scale", at::kFloat);
   check_rows(gate, "gate");
   check_rows(up, "up");
   TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must be one shape");
-  TORCH_CHECK(codes.is_contiguous() && codes.sizes() == gate.sizes(), "codes must be contiguous and gate's shape");
-  TORCH_CHECK(scale.is_contiguous() && scale.numel() == gate.size(0), "scale must be [rows]");
+  check_quantized_rows(codes, scale, gate, "gate");
   const c10::cuda::CUDAGuard guard(gate.device());
   ok(q3tts::silu_mul_fp8(codes.data_ptr(), scale.data_ptr<float>(), gate.data_ptr(), up.data_ptr(), gate.size(0),
                          gate.size(1), gate.stride(0), up.stride(0), stream()),
@@ -218,15 +216,12 @@ void frame_embedding(at::Tensor out, at::Tensor codes, c10::optional<at::Tensor>
      "frame_embedding");
 }
 
-void quantize_rows_fp8(at::Tensor out, at::Tensor scale, at::Tensor x) {
+void quantize_rows_fp8(at::Tensor codes, at::Tensor scale, at::Tensor x) {
   check(x, "x", at::kBFloat16);
-  check(out, "out", at::kFloat8_e4m3fn);
-  check(scale, "scale", at::kFloat);
   check_rows(x, "x");
-  TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes(), "out must be contiguous and x's shape");
-  TORCH_CHECK(scale.is_contiguous() && scale.numel() == x.size(0), "scale must be [rows]");
+  check_quantized_rows(codes, scale, x, "x");
   const c10::cuda::CUDAGuard guard(x.device());
-  ok(q3tts::quantize_rows_fp8(out.data_ptr(), scale.data_ptr<float>(), x.data_ptr(), x.size(0), x.size(1),
+  ok(q3tts::quantize_rows_fp8(codes.data_ptr(), scale.data_ptr<float>(), x.data_ptr(), x.size(0), x.size(1),
                               x.stride(0), stream()),
      "quantize_rows_fp8");
 }
