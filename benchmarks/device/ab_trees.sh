@@ -5,7 +5,9 @@
 # frame_time.py, then compares each tree with the checkout (`frame_time.py --compare`).
 # Make a tree (links resolved; the carry limit is 64 MiB, about 4 MiB a tree):
 #   git archive <rev> pyproject.toml qwen3_tts_native engine evidence release schemas tests benchmarks/device \
-#     | tar -x -C /tmp/t && mkdir .whl/tree-<name> && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
+#     benchmarks/peers | tar -x -C /tmp/t && mkdir .whl/tree-<name> \
+#     && cp -rL /tmp/t/{pyproject.toml,qwen3_tts_native,tests,benchmarks} .whl/tree-<name>/
+# (benchmarks/peers lets a tree run `qwen3-tts bench` with its peers: run_all.sh's bench phase from the tree.)
 # CODEC_TREES also times those trees' codec packets against the checkout's (codec_packet_time.py, waveforms
 # compared); PARITY_TREES runs those trees' graph parity tests (tests/device/test_graph_parity.py, full snapshot).
 # RUNS: frame_time's timed single-stream requests per mode (default 3). ROUNDS: frame_time rounds, the checkout

@@ -122,9 +122,9 @@ def main() -> None:
     options = parser.parse_args()
     torch.manual_seed(0)
     baseline = build_baseline(options.baseline_source)
-    cases = [(b, 16, p) for b in (1, 64) for p in (2, 8, 15)]
+    cases = [(b, 16, p) for b in (1, 4, 16, 64) for p in (2, 8, 15)]
     cases += [(b, 512, p) for b in (1, 64) for p in (150, 250)]
-    cases += [(b, 4096, p) for b in (1, 64) for p in (100, 300, 1000)]
+    cases += [(b, 4096, p) for b in (1, 4, 16, 64) for p in (100, 300, 1000)]
     rows = []
     for batch, max_len, position in cases:
         row = measure(baseline, batch, max_len, position)

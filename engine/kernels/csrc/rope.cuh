@@ -42,23 +42,21 @@ __device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSl
   }
 }
 
-// `src` is the head's D = 64 * P values; `weight`, `cos` and `sin` are this lane's slices of the norm weight
-// and of the position's RoPE table rows (constants: a kernel may load them before it waits for the previous
-// kernel, launch.cuh). The rotated head goes to lo[j] (element lane * P + j) and hi[j] (element
-// D / 2 + lane * P + j).
+// `src` is this lane's slice of the head's D = 64 * P values (load_slice); `weight`, `cos` and `sin` are its
+// slices of the norm weight and of the position's RoPE table rows (constants: a kernel may load them before it
+// waits for the previous kernel, launch.cuh). The rotated head goes to lo[j] (element lane * P + j) and hi[j]
+// (element D / 2 + lane * P + j). Taking the slice already loaded lets a kernel issue other loads between.
 template <int P>
-__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ src, const HeadSlice<P>& weight,
-                                               const HeadSlice<P>& cos, const HeadSlice<P>& sin, float eps,
-                                               bf16 (&lo)[P], bf16 (&hi)[P]) {
+__device__ __forceinline__ void norm_rope_slice(const HeadSlice<P>& src, const HeadSlice<P>& weight,
+                                                const HeadSlice<P>& cos, const HeadSlice<P>& sin, float eps,
+                                                bf16 (&lo)[P], bf16 (&hi)[P]) {
   constexpr int D = 64 * P;
-  constexpr int H = D / 2;
-  const int first = (threadIdx.x & 31) * P;
   float a[P], c[P];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    a[j] = to_f(src[first + j]);
-    c[j] = to_f(src[first + H + j]);
+    a[j] = to_f(src.lo[j]);
+    c[j] = to_f(src.hi[j]);
     ss += a[j] * a[j] + c[j] * c[j];
   }
   ss = warp_sum(ss);
@@ -72,6 +70,14 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ src, con
     lo[j] = to_bf(o1);
     hi[j] = to_bf(o2);
   }
+}
+
+// norm_rope_slice of the head at `src`.
+template <int P>
+__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ src, const HeadSlice<P>& weight,
+                                               const HeadSlice<P>& cos, const HeadSlice<P>& sin, float eps,
+                                               bf16 (&lo)[P], bf16 (&hi)[P]) {
+  norm_rope_slice<P>(load_slice<P>(src), weight, cos, sin, eps, lo, hi);
 }
 
 }  // namespace q3tts
