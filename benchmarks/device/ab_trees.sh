@@ -31,16 +31,20 @@ SNAPSHOT=$WORK/full
 RESULTS=$WORK/results/ab
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee -a "$OUT/ab_trees.log") 2>&1
-export PYTHONUNBUFFERED=1 QWEN3_TTS_KERNEL_CACHE=$WORK/kernel-cache
+export PYTHONUNBUFFERED=1
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 cap() { local l=$(( $(left) - 10 )); (( l < $1 )) && echo "$(( l > 1 ? l : 1 ))" || echo "$1"; }
 tree_path() { [ "$1" = checkout ] && echo "$ROOT" || echo "$ROOT/.whl/tree-$1"; }
+# A kernel cache per tree: the cache is keyed by the sources' contents, and a tree whose sources equal the
+# checkout's would share its build folder, where ninja rebuilds everything when the source paths change (every
+# process of the other tree then pays the build: ~40 s of "engine start" in run 136).
+kernel_cache() { [ "$1" = checkout ] && echo "$WORK/kernel-cache" || echo "$WORK/kernel-cache-$1"; }
 
 echo "=== building ${TREES} ($(left)s left)"
 jobs_each=$(( ${MAX_JOBS:-16} / $(wc -w <<< "$TREES") ))
 builds=()
 for name in $TREES; do
-  ( cd "$(tree_path "$name")" && MAX_JOBS=$(( jobs_each > 1 ? jobs_each : 1 )) PYTHONPATH=$PWD:/tmp/site_common \
+  ( cd "$(tree_path "$name")" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") && MAX_JOBS=$(( jobs_each > 1 ? jobs_each : 1 )) PYTHONPATH=$PWD:/tmp/site_common \
       timeout "$(cap 240)" python3 -m qwen3_tts_native.engine.kernels build > "$RESULTS/build-$name.log" 2>&1
     echo "build $name rc=$?" ) &
   builds+=($!)
@@ -49,20 +53,23 @@ wait "${builds[@]}"  # by pid: a bare wait also waits for the log's tee
 
 for name in $TEST_TREES; do
   echo "=== tests/device kernels: $name ($(left)s left)"
-  ( cd "$(tree_path "$name")" && PYTHONPATH=$PWD:/tmp/site_common timeout "$(cap 120)" python3 -m pytest -q \
+  ( cd "$(tree_path "$name")" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") \
+      && PYTHONPATH=$PWD:/tmp/site_common timeout "$(cap 120)" python3 -m pytest -q \
       tests/device/test_kernel_parity.py tests/device/test_sampling_kernel.py -p no:cacheprovider 2>&1 | tail -6 )
 done
 
 for name in $PARITY_TREES; do
   echo "=== tests/device graph parity: $name ($(left)s left)"
-  ( cd "$(tree_path "$name")" && PYTHONPATH=$PWD:/tmp/site_common QWEN3_TTS_DEVICE_SNAPSHOT=$SNAPSHOT timeout "$(cap 150)" \
+  ( cd "$(tree_path "$name")" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") \
+      && PYTHONPATH=$PWD:/tmp/site_common QWEN3_TTS_DEVICE_SNAPSHOT=$SNAPSHOT timeout "$(cap 150)" \
       python3 -m pytest -q tests/device/test_graph_parity.py -p no:cacheprovider 2>&1 | tail -6 )
 done
 
 if [ -n "${KBENCH_TABLES:-}" ]; then
   for name in checkout $TREES; do
     echo "=== kernel_bench $KBENCH_TABLES: $name ($(left)s left)"
-    ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 90)" \
+    ( cd "$ROOT/benchmarks/device" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") \
+        && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 90)" \
         python3 kernel_bench.py --batches 1,4,64 --tables "$KBENCH_TABLES" --out "$RESULTS/kernel-bench-$name.json" \
         2>&1 | tail -60 )
   done
@@ -73,7 +80,8 @@ tag() { (( ROUNDS > 1 )) && echo "$1$2" || echo "$1"; }
 for round in $(seq 1 "$ROUNDS"); do
   for name in checkout $TREES; do
     echo "=== frame_time: $(tag "$name" "$round") ($(left)s left)"
-    ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
+    ( cd "$ROOT/benchmarks/device" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") \
+        && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 120)" \
         python3 frame_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$(tag "$name" "$round")" \
         --runs "${RUNS:-3}" 2>&1 | tail -4 )
   done
@@ -88,7 +96,8 @@ done
 if [ -n "$CODEC_TREES" ]; then
   for name in checkout $CODEC_TREES; do
     echo "=== codec_packet_time: $name ($(left)s left)"
-    ( cd "$ROOT/benchmarks/device" && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 90)" \
+    ( cd "$ROOT/benchmarks/device" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") \
+        && PYTHONPATH=$(tree_path "$name"):/tmp/site_common timeout "$(cap 90)" \
         python3 codec_packet_time.py --model "$SNAPSHOT" --out "$RESULTS" --tag "$name" 2>&1 | tail -3 )
   done
   for name in $CODEC_TREES; do

@@ -1,6 +1,7 @@
 """The frame for the code on PYTHONPATH: its graph's replay at 1, 4, 8, 16 and 64 streams, the single-stream
 RTF (with and without the codec), the time to first audio and the bench's 64-stream lockstep (aggregate and
-worst-stream RTF and the prefill's time, medians; host-bound on a slow host), exact and fast. Run it for
+worst-stream RTF and the prefill's time, medians; host-bound on a slow host), exact and fast; and the engine's
+start (load and every graph's capture, 64 session slots), which the captures set. Run it for
 two trees in one call to compare them on one machine (`--compare`), as `codec_packet_time.py` does for the
 codec.
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 LOCKSTEP_FRAMES = 32  # the bench's --concurrency-frames in run_all.sh
@@ -33,8 +35,11 @@ def measure(args: argparse.Namespace) -> int:
     timing_model = zero_eos_copy(args.model)
     result = modes_result()
     for mode in args.modes:
+        start = time.perf_counter()
         engine = load_timing_engine(timing_model, mode, 64)
+        engine_start_s = time.perf_counter() - start
         figures = {f"frame_replay_{n}_ms": frame_replay_ms(engine, n) for n in REPLAY_STREAMS}
+        figures["engine_start_s"] = engine_start_s
         measure_single(engine, 64, 1)
         single = measure_single(engine, 64, args.runs)
         figures["single_stream_rtf"] = single["rtf"]["median"]

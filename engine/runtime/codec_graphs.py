@@ -184,16 +184,16 @@ class CodecGraphs:
         return packet
 
     def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """Warm up on a side stream (cuDNN algorithm choice, workspaces), then capture into the shared pool.
+        """Warm up once on a side stream (cuDNN algorithm choice, workspaces), then capture into the shared
+        pool (one run initialises all of that, as for the frame graphs: `GraphFrameBackend._capture`).
 
-        The warm-up runs advance only the scratch row (the index is all scratch at capture)."""
+        The warm-up run advances only the scratch row (the index is all scratch at capture)."""
         context = fp32_codec() if self._fp32 else _nothing()
         with context, torch.no_grad():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(2):
-                    run()
+                run()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._graph_pool, stream=self._capture_stream):
