@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..runtime import sampling
 from . import loader, reference
-from .reference import QuantizedRows, QuantizedWeight
+from .reference import QuantizedRows, QuantizedWeight, SnakeBetaParameters
 
 __all__ = [
     "DrawRecord",
@@ -403,21 +403,37 @@ def _conv_steps(x: Tensor, kernel: int, dilation: int, history: Tensor | None) -
     return context + x.shape[-1] - (kernel - 1) * dilation
 
 
-def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:
+def unfold_columns(
+    x: Tensor,
+    kernel: int,
+    dilation: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
+) -> Tensor:
     """The [C * kernel, B * T] columns of a conv as one GEMM over the samples [history | x]
     (`reference.unfold_columns`), float32 or bf16, any strides: one copy kernel moving 16 bytes a thread that
-    reads the history or x by sample index, so the concatenation is never made; bit-identical."""
-    tensors = (x,) if history is None else (x, history)
+    reads the history or x by sample index, so the concatenation is never made; bit-identical. With `snake`
+    the kernel puts x's samples through SnakeBeta(x + bias) as it reads them (snake.cuh, `snake_beta`'s
+    arithmetic), so the activation before a conv is not written out and read back."""
+    snake_tensors = () if snake is None else tuple(t for t in snake if t is not None)
+    tensors = (x, *snake_tensors) if history is None else (x, history, *snake_tensors)
     ext = _ext(*tensors, dtype=None)
     # A 1-tap conv without history has nothing to unfold: torch's reshape is a view when the layout allows
     # one (a copy only when not), and the GEMM then reads x as it is stored.
     unfolds = kernel > 1 or history is not None
-    if ext is None or not unfolds or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 3:
-        return reference.unfold_columns(x, kernel, dilation, history)
+    fits = (
+        unfolds
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and x.dim() == 3
+        and all(t.dtype == x.dtype and t.is_contiguous() and t.numel() == x.shape[1] for t in snake_tensors)
+    )
+    if ext is None or not fits:
+        return reference.unfold_columns(x, kernel, dilation, history, snake)
     batch, channels, _ = x.shape
     length = _conv_steps(x, kernel, dilation, history)
     out = torch.empty(channels * kernel, batch * length, dtype=x.dtype, device=x.device)
-    ext.unfold_columns(out, x, history, kernel, dilation)
+    frequency, inverse_beta, bias = snake if snake is not None else (None, None, None)
+    ext.unfold_columns(out, x, history, kernel, dilation, frequency, inverse_beta, bias)
     return out
 
 

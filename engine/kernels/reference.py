@@ -45,6 +45,15 @@ class QuantizedRows(NamedTuple):
     scale: Tensor
 
 
+class SnakeBetaParameters(NamedTuple):
+    """`snake_beta`'s per-channel parameters [C] (and the bias added first, if any), for a kernel that applies
+    SnakeBeta(x + bias) to x's samples as it reads them (`unfold_columns(snake=)`)."""
+
+    frequency: Tensor
+    inverse_beta: Tensor
+    bias: Tensor | None = None
+
+
 def quantize_weight(weight: Tensor, kind: str) -> QuantizedWeight:
     """Per-output-channel symmetric quantization of a [out, in] weight to "int8" or "fp8" (e4m3; the rows
     quantized as `quantize_rows_fp8` quantizes activations)."""
@@ -185,9 +194,18 @@ def frame_embedding(
     return layers.summed_embeddings(chosen, [first_table, *tables.unbind(0)]) + text
 
 
-def unfold_columns(x: Tensor, kernel: int, dilation: int, history: Tensor | None = None) -> Tensor:
+def unfold_columns(
+    x: Tensor,
+    kernel: int,
+    dilation: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
+) -> Tensor:
     """samples = [history | x] [B, C, (kernel - 1) * dilation + T] -> [C * kernel, B * T], row (c, k) * B + b
-    holding samples[b, c, k * dilation :][:T]: the input of a conv as one GEMM (`codec.conv1d_as_gemm`)."""
+    holding samples[b, c, k * dilation :][:T]: the input of a conv as one GEMM (`codec.conv1d_as_gemm`). With
+    `snake`, x's samples (not the history's) are SnakeBeta(x + bias) (`snake_beta`)."""
+    if snake is not None:
+        x = snake_beta(x, *snake)
     samples = x if history is None else torch.cat([history, x], dim=-1)
     channels = x.shape[1]
     columns = samples.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]

@@ -80,6 +80,7 @@ from torch import Tensor, nn
 
 from ..config import SpeechDecoderConfig
 from ..kernels import ops
+from ..kernels.reference import SnakeBetaParameters
 
 _CHECKPOINT_PREFIX = "decoder."
 _SNAKE_EPS = 1e-9
@@ -208,11 +209,16 @@ def _batch_view(rows: Tensor, batch: int) -> Tensor:
 
 
 def _conv_rows(
-    x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
 ) -> Tensor:
     """The conv of `conv1d_as_gemm` as its GEMM output [O, B * T]."""
     out_channels, in_channels, kernel = weight.shape
-    columns = ops.unfold_columns(x, kernel, dilation, history)  # [C * K, B * T]
+    columns = ops.unfold_columns(x, kernel, dilation, history, snake)  # [C * K, B * T]
     flat = weight.reshape(out_channels, in_channels * kernel)
     if bias is None:
         return torch.mm(flat, columns)
@@ -220,13 +226,19 @@ def _conv_rows(
 
 
 def conv1d_as_gemm(
-    x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
 ) -> Tensor:
     """`F.conv1d(s, weight, bias, dilation=dilation)` (no padding, one group) of the samples s = [history | x]
     (x alone without a history) as one GEMM over the unfolded input, s [B, C, T + (K - 1) * dilation] (any
     strides) -> channel-major [B, O, T]: weight [O, C*K] @ columns [C*K, B*T] (+ bias). The columns are
     copied from the history and x directly (`ops.unfold_columns`), so a causal conv's context is never
-    concatenated with its input.
+    concatenated with its input. With `snake`, x's samples are SnakeBeta(x + bias) (the history holds the
+    activation already).
 
     Why on CUDA: a frame gives the codec's convs only 4..1920 output steps a stream, where cuDNN's float32
     kernels reached ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and
@@ -238,7 +250,7 @@ def conv1d_as_gemm(
     strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
     follows cuBLAS's blocking.
     """
-    return _batch_view(_conv_rows(x, weight, bias, dilation, history), x.shape[0])
+    return _batch_view(_conv_rows(x, weight, bias, dilation, history, snake), x.shape[0])
 
 
 class CausalConv1d(_Streamed):
@@ -254,10 +266,26 @@ class CausalConv1d(_Streamed):
     def context_shape(self) -> tuple[int, int]:
         return self.conv.in_channels, self.context
 
-    def forward(self, x: Tensor, state: CodecStreamState, bias: bool = True) -> Tensor:
-        """Without `bias` the conv's bias is the caller's to add (a SnakeBeta after it adds it for free)."""
+    def forward(
+        self,
+        x: Tensor,
+        state: CodecStreamState,
+        bias: bool = True,
+        activation: SnakeBeta | None = None,
+        activation_bias: Tensor | None = None,
+    ) -> Tensor:
+        """Without `bias` the conv's bias is the caller's to add (a SnakeBeta after it adds it for free).
+
+        With `activation` the conv's input is activation(x, activation_bias). On the GEMM path, when x holds
+        the whole context, the unfold applies it as it reads x (`conv1d_as_gemm(snake=)`): the activation is
+        never written out but for its last `context` samples, the layer's history. At 64 streams those
+        activations were 16 of a packet's 29 SnakeBeta passes."""
         conv = self.conv
         offset = conv.bias if bias else None
+        if activation is not None:
+            if conv.groups == 1 and conv.out_channels > 1 and _gemm_path(x) and x.shape[-1] >= self.context:
+                return self._activated_gemm(x, state, offset, activation, activation_bias)
+            x = activation(x, activation_bias)
         history = self.advance(x, state)
         if conv.groups == 1 and _gemm_path(x):
             if conv.out_channels == 1:  # the last conv, to the waveform: no unfolded copy for one output row
@@ -266,6 +294,24 @@ class CausalConv1d(_Streamed):
         if history is not None:
             x = torch.cat([history, x], dim=-1)
         return F.conv1d(x, conv.weight, offset, dilation=conv.dilation, groups=conv.groups)
+
+    def _activated_gemm(
+        self,
+        x: Tensor,
+        state: CodecStreamState,
+        offset: Tensor | None,
+        activation: SnakeBeta,
+        activation_bias: Tensor | None,
+    ) -> Tensor:
+        """The GEMM-path conv of activation(x, activation_bias), applied by the unfold; the state keeps the
+        activation's last `context` samples as this layer's history."""
+        snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
+        history = None
+        if self.context:
+            history = state.history[self.state_key]
+            tail = x[..., x.shape[-1] - self.context :]
+            state.history[self.state_key] = ops.snake_beta(tail, *snake)
+        return conv1d_as_gemm(x, self.conv.weight, offset, self.conv.dilation[0], history, snake)
 
 
 def conv_transpose1d_as_gemm(
@@ -571,7 +617,7 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor, state: CodecStreamState, bias: Tensor | None = None) -> Tensor:
         """The unit's output less its last conv's bias (`PointwiseResidual`), for the input x + bias (the
         biases not yet added, see `DecoderBlock`; x may be accumulated into)."""
-        h = self.conv1(self.act1(x, bias), state, bias=False)
+        h = self.conv1(x, state, bias=False, activation=self.act1, activation_bias=bias)
         return self.conv2(self.act2(h, self.conv1.conv.bias), x)
 
 

@@ -23,7 +23,7 @@ Tolerances, per op:
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
   no FMA contraction; float32 with CUDA's own sinf, bf16 with a hardware sine that rounds to sinf's bf16 at
   every one of the 65536 bf16 arguments, tested over all of them).
-- unfold_columns: bit-identical (a copy).
+- unfold_columns: bit-identical (a copy); with `snake`, bit-identical to snake_beta then the copy.
 - gather_rows, scatter_rows_: bit-identical (copies).
 - conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
   rounding); the same bits from a split history and for a stream alone as in the batch.
@@ -646,6 +646,40 @@ def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
     for context in {(kernel - 1) * dilation, 1, samples - 1}:
         split = ops.unfold_columns(x[..., context:], kernel, dilation, history=x[..., :context])
         assert torch.equal(split, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(
+    "batch,channels,dilation,length,scale",
+    [(64, 96, 9, 7680, 1.0), (16, 32, 3, 16, 1.0), (3, 16, 3, 13, 1.0), (4, 24, 1, 2568, 1000.0)],
+)
+def test_unfold_columns_with_snake_is_snake_then_unfold(  # type: ignore[no-untyped-def]
+    ext,
+    dtype: torch.dtype,
+    with_bias: bool,
+    batch: int,
+    channels: int,
+    dilation: int,
+    length: int,
+    scale: float,
+) -> None:
+    """The residual units' first SnakeBeta applied by the unfold as it reads x (`snake=`), with the history
+    (the activation's last samples, already activated) read as it is: bit for bit `snake_beta` then the
+    copy, and the reference, on channel-major inputs staged (>= 64 samples) or not, and past the bf16 fast
+    sine's range (scale 1000)."""
+    kernel, context = 7, 6 * dilation
+    x = (torch.randn(batch, channels, length, device="cuda") * scale).to(dtype)
+    x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    history = torch.randn(batch, channels, context, device="cuda").to(dtype)
+    frequency = (0.3 * torch.randn(channels, device="cuda")).exp().to(dtype)
+    inverse_beta = 1.0 / ((0.3 * torch.randn(channels, device="cuda")).exp() + 1e-9).to(dtype)
+    bias = (0.1 * torch.randn(channels, device="cuda")).to(dtype) if with_bias else None
+    snake = reference.SnakeBetaParameters(frequency, inverse_beta, bias)
+    got = ops.unfold_columns(x, kernel, dilation, history=history, snake=snake)
+    activated = ops.snake_beta(x, frequency, inverse_beta, bias)
+    assert torch.equal(got, ops.unfold_columns(activated, kernel, dilation, history=history))
+    assert torch.equal(got, reference.unfold_columns(x, kernel, dilation, history=history, snake=snake))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])

@@ -120,8 +120,16 @@ struct UnfoldInput {
   int64_t history_strides[3];
   int64_t x_strides[3];
 };
-cudaError_t unfold_columns(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
-                           int element_bytes, cudaStream_t stream);
+// SnakeBeta(x + bias) per channel (snake.cuh) applied to the samples of x (not the history's) as a kernel reads
+// them: frequency and inverse_beta [C], bias [C] or null, contiguous, of the samples' type.
+struct SnakeParameters {
+  const void* frequency;
+  const void* inverse_beta;
+  const void* bias;
+};
+// `snake` null: the samples as they are.
+cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t kernel,
+                           int64_t length, int64_t dilation, int element_bytes, cudaStream_t stream);
 
 // out[b, t] = bias + sum over c, k of weight[c, k] * s[b, c, k * dilation + t] (fp32 sums, rounded once to the
 // element type): the conv of the same samples to one output channel, computed directly instead of unfolded.

@@ -1,6 +1,7 @@
 // The unfolded input of the codec's convs as GEMMs (codec.py, `conv1d_as_gemm`): out[(c * K + k) * B + b, t] =
 // s[b, c, k * dilation + t] over the samples s = [history | x] (a causal conv's left context, then the pass's
-// samples), the [C * K, B * T] columns matrix, copied bit for bit.
+// samples), the [C * K, B * T] columns matrix, copied bit for bit; optionally with x's samples through SnakeBeta
+// (snake.cuh) as they are read, so the activation before a conv is never written out.
 // Why: torch made it as torch.cat then a copy of a permuted unfold view, whose generic kernel computes a 4-D
 // index per element and moves 2 or 4 bytes at a time; at 64 streams those copies and concatenations were 9 of
 // a 15.5 ms bf16 packet. Here each thread writes 16 bytes of one output row, reading the history or x as the
@@ -9,6 +10,7 @@
 #include "common.cuh"
 #include "launch.cuh"
 #include "launchers.h"
+#include "snake.cuh"
 
 namespace q3tts {
 namespace {
@@ -19,7 +21,8 @@ struct alignas(16) Vec16 {
   T v[kElems];
 };
 
-// The samples of one conv input: `context` history samples, then x's. Element strides.
+// The samples of one conv input: `context` history samples, then x's, those of x through SnakeBeta(x + bias)
+// when `frequency` is set. Element strides.
 template <typename T>
 struct Samples {
   const T* history;
@@ -27,10 +30,14 @@ struct Samples {
   int64_t history_strides[3];
   int64_t x_strides[3];
   int context;
+  const T* frequency = nullptr;
+  const T* inverse_beta = nullptr;
+  const T* bias = nullptr;
 
   __device__ __forceinline__ T at(int b, int64_t c, int64_t s) const {
     if (s < context) return history[b * history_strides[0] + c * history_strides[1] + s * history_strides[2]];
-    return x[b * x_strides[0] + c * x_strides[1] + (s - context) * x_strides[2]];
+    const T v = x[b * x_strides[0] + c * x_strides[1] + (s - context) * x_strides[2]];
+    return frequency == nullptr ? v : snake_of_channel(v, frequency, inverse_beta, bias, c);
   }
 };
 
@@ -112,13 +119,18 @@ __global__ void unfold_kernel(T* __restrict__ out, Samples<T> in, int64_t total,
 }
 
 template <typename T>
-cudaError_t launch(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
-                   cudaStream_t stream) {
+cudaError_t launch(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t kernel, int64_t length,
+                   int64_t dilation, cudaStream_t stream) {
   const int64_t total = input.channels * kernel * input.batch * length;
   if (total == 0) return cudaSuccess;
   Samples<T> in{static_cast<const T*>(input.history), static_cast<const T*>(input.x),
                 {input.history_strides[0], input.history_strides[1], input.history_strides[2]},
                 {input.x_strides[0], input.x_strides[1], input.x_strides[2]}, static_cast<int>(input.context)};
+  if (snake != nullptr) {
+    in.frequency = static_cast<const T*>(snake->frequency);
+    in.inverse_beta = static_cast<const T*>(snake->inverse_beta);
+    in.bias = static_cast<const T*>(snake->bias);
+  }
   constexpr int kThreads = 256;
   constexpr int E = Vec16<T>::kElems;
   auto grid = [](int64_t work) {  // grid-stride loops: at most 65535 blocks
@@ -245,14 +257,15 @@ cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void*
   return cudaErrorInvalidValue;
 }
 
-cudaError_t unfold_columns(void* out, const UnfoldInput& input, int64_t kernel, int64_t length, int64_t dilation,
-                           int element_bytes, cudaStream_t stream) {
+cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t kernel,
+                           int64_t length, int64_t dilation, int element_bytes, cudaStream_t stream) {
   if (length > INT32_MAX || input.batch > INT32_MAX || kernel > INT32_MAX || input.context > INT32_MAX ||
-      (input.context > 0 && input.history == nullptr)) {
+      (input.context > 0 && input.history == nullptr) ||
+      (snake != nullptr && (snake->frequency == nullptr || snake->inverse_beta == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  if (element_bytes == 4) return launch<float>(out, input, kernel, length, dilation, stream);
-  if (element_bytes == 2) return launch<bf16>(out, input, kernel, length, dilation, stream);
+  if (element_bytes == 4) return launch<float>(out, input, snake, kernel, length, dilation, stream);
+  if (element_bytes == 2) return launch<bf16>(out, input, snake, kernel, length, dilation, stream);
   return cudaErrorInvalidValue;
 }
 
