@@ -42,9 +42,7 @@ __global__ void snake_beta_kernel(T* __restrict__ out, const T* __restrict__ x, 
     const int row = i / length;
     const int c = row % channels;
     const int b = row / channels;
-    T v = x[b * batch_stride + c * channel_stride + t * time_stride];
-    if (bias != nullptr) v = add(v, load(bias + c));
-    store_float(out + i, snake(v, load(freq + c), load(inv_beta + c)));
+    out[i] = snake_of_channel(x[b * batch_stride + c * channel_stride + t * time_stride], freq, inv_beta, bias, c);
   }
 }
 
