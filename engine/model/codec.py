@@ -191,6 +191,22 @@ class _Streamed(nn.Module):
             state.history[self.state_key] = torch.cat([history[..., x.shape[-1] :], x], dim=-1)
         return history
 
+    def advance_activated(
+        self, x: Tensor, state: CodecStreamState, snake: SnakeBetaParameters
+    ) -> Tensor | None:
+        """`advance` for a layer whose input is SnakeBeta(x + bias) applied by its unfold as it reads x
+        (`ops.unfold_columns(snake=)`): the activation is never written out, so the state's context is
+        computed alone, SnakeBeta of x's last `context` samples."""
+        if self.context == 0:
+            return None
+        history = state.history[self.state_key]
+        if x.shape[-1] >= self.context:
+            state.history[self.state_key] = ops.snake_beta(x[..., x.shape[-1] - self.context :], *snake)
+        else:
+            activated = ops.snake_beta(x, *snake)
+            state.history[self.state_key] = torch.cat([history[..., x.shape[-1] :], activated], dim=-1)
+        return history
+
 
 def _gemm_path(x: Tensor) -> bool:
     """Whether the convs and SnakeBetas take the CUDA formulation (`conv1d_as_gemm`): on CUDA tensors. One
@@ -306,19 +322,21 @@ class CausalConv1d(_Streamed):
         """The GEMM-path conv of activation(x, activation_bias), applied by the unfold; the state keeps the
         activation's last `context` samples as this layer's history."""
         snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
-        history = None
-        if self.context:
-            history = state.history[self.state_key]
-            tail = x[..., x.shape[-1] - self.context :]
-            state.history[self.state_key] = ops.snake_beta(tail, *snake)
+        history = self.advance_activated(x, state, snake)
         return conv1d_as_gemm(x, self.conv.weight, offset, self.conv.dilation[0], history, snake)
 
 
 def conv_transpose1d_as_gemm(
-    x: Tensor, gemm_weight: Tensor, gemm_bias: Tensor, stride: int, history: Tensor | None = None
+    x: Tensor,
+    gemm_weight: Tensor,
+    gemm_bias: Tensor,
+    stride: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
 ) -> Tensor:
     """The causal transposed conv of `CausalConvTranspose1d` as one GEMM: input [history | x]
-    [B, C, m - 1 + T] (left context first) -> the T new blocks [B, O, T * stride].
+    [B, C, m - 1 + T] (left context first) -> the T new blocks [B, O, T * stride]. With `snake`, x's samples
+    are SnakeBeta(x + bias), as in `conv1d_as_gemm`.
 
     Output sample t * s + r of a new frame t is sum over j' < m of W[:, :, (m - 1 - j') * s + r]^T x[t + j']:
     a stride-1 conv of kernel m over the input frames (`conv1d_as_gemm`) whose O * s output channels are the
@@ -326,7 +344,7 @@ def conv_transpose1d_as_gemm(
     (`CausalConvTranspose1d` derives them); the (channel, phase, stream, frame) result is reordered to
     (channel, stream, frame, phase), channel-major like `conv1d_as_gemm`'s.
     """
-    blocks = _conv_rows(x, gemm_weight, gemm_bias, 1, history)  # [(channel, phase), (stream, frame)]
+    blocks = _conv_rows(x, gemm_weight, gemm_bias, 1, history, snake)  # [(channel, phase), (stream, frame)]
     out_channels = blocks.shape[0] // stride
     batch = x.shape[0]
     samples = blocks.view(out_channels, stride, batch, -1).permute(0, 2, 3, 1).reshape(out_channels, -1)
@@ -369,11 +387,27 @@ class CausalConvTranspose1d(_Streamed, _Derived):
     def context_shape(self) -> tuple[int, int]:
         return self.conv.in_channels, self.context
 
-    def forward(self, x: Tensor, state: CodecStreamState) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        state: CodecStreamState,
+        activation: SnakeBeta | None = None,
+        activation_bias: Tensor | None = None,
+    ) -> Tensor:
+        """With `activation` the input is activation(x, activation_bias); on the GEMM path the unfold applies
+        it as it reads x, as in `CausalConv1d.forward` (each block's first SnakeBeta: 4 passes a packet)."""
         frames = x.shape[-1]
-        history = self.advance(x, state)
         if _gemm_path(x):
-            return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history)
+            snake = None
+            if activation is None:
+                history = self.advance(x, state)
+            else:
+                snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
+                history = self.advance_activated(x, state, snake)
+            return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history, snake)
+        if activation is not None:
+            x = activation(x, activation_bias)
+        history = self.advance(x, state)
         if history is not None:
             x = torch.cat([history, x], dim=-1)
         start = self.context * self.stride
@@ -655,7 +689,7 @@ class DecoderBlock(_Derived):
         """(y, b): the block's output is y + b per channel. bias: the unadded bias of the layer before, if
         any (see `CausalConv1d.forward`)."""
         activation, upsample, *units = self.block
-        x = upsample(activation(x, bias), state)
+        x = upsample(x, state, activation, bias)
         pending = None
         for unit, unit_bias in zip(units, self.unit_biases, strict=True):
             x = unit(x, state, pending)
