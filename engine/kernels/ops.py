@@ -409,12 +409,17 @@ def unfold_columns(
     dilation: int,
     history: Tensor | None = None,
     snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
 ) -> Tensor:
     """The [C * kernel, B * T] columns of a conv as one GEMM over the samples [history | x]
     (`reference.unfold_columns`), float32 or bf16, any strides: one copy kernel moving 16 bytes a thread that
     reads the history or x by sample index, so the concatenation is never made; bit-identical. With `snake`
     the kernel puts x's samples through SnakeBeta(x + bias) as it reads them (snake.cuh, `snake_beta`'s
-    arithmetic), so the activation before a conv is not written out and read back."""
+    arithmetic), so the activation before a conv is not written out and read back; it writes the activation
+    of x's last n samples into `activation_tail` [B, C, n] (contiguous, n <= T) when given: the conv's next
+    history, without a kernel of its own."""
+    if activation_tail is not None and snake is None:
+        raise ValueError("activation_tail needs snake: it holds the activation's samples")
     snake_tensors = () if snake is None else tuple(t for t in snake if t is not None)
     tensors = (x, *snake_tensors) if history is None else (x, history, *snake_tensors)
     ext = _ext(*tensors, dtype=None)
@@ -426,14 +431,17 @@ def unfold_columns(
         and x.dtype in (torch.float32, torch.bfloat16)
         and x.dim() == 3
         and all(t.dtype == x.dtype and t.is_contiguous() and t.numel() == x.shape[1] for t in snake_tensors)
+        and (
+            activation_tail is None or (activation_tail.dtype == x.dtype and activation_tail.is_contiguous())
+        )
     )
     if ext is None or not fits:
-        return reference.unfold_columns(x, kernel, dilation, history, snake)
+        return reference.unfold_columns(x, kernel, dilation, history, snake, activation_tail)
     batch, channels, _ = x.shape
     length = _conv_steps(x, kernel, dilation, history)
     out = torch.empty(channels * kernel, batch * length, dtype=x.dtype, device=x.device)
     frequency, inverse_beta, bias = snake if snake is not None else (None, None, None)
-    ext.unfold_columns(out, x, history, kernel, dilation, frequency, inverse_beta, bias)
+    ext.unfold_columns(out, x, history, kernel, dilation, frequency, inverse_beta, bias, activation_tail)
     return out
 
 

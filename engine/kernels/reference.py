@@ -200,12 +200,16 @@ def unfold_columns(
     dilation: int,
     history: Tensor | None = None,
     snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
 ) -> Tensor:
     """samples = [history | x] [B, C, (kernel - 1) * dilation + T] -> [C * kernel, B * T], row (c, k) * B + b
     holding samples[b, c, k * dilation :][:T]: the input of a conv as one GEMM (`codec.conv1d_as_gemm`). With
-    `snake`, x's samples (not the history's) are SnakeBeta(x + bias) (`snake_beta`)."""
+    `snake`, x's samples (not the history's) are SnakeBeta(x + bias) (`snake_beta`), and `activation_tail`
+    [B, C, n] (n <= T), when given, is filled with the activation of x's last n samples."""
     if snake is not None:
         x = snake_beta(x, *snake)
+        if activation_tail is not None:
+            activation_tail.copy_(x[..., x.shape[-1] - activation_tail.shape[-1] :])
     samples = x if history is None else torch.cat([history, x], dim=-1)
     channels = x.shape[1]
     columns = samples.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]

@@ -191,21 +191,19 @@ class _Streamed(nn.Module):
             state.history[self.state_key] = torch.cat([history[..., x.shape[-1] :], x], dim=-1)
         return history
 
-    def advance_activated(
-        self, x: Tensor, state: CodecStreamState, snake: SnakeBetaParameters
-    ) -> Tensor | None:
-        """`advance` for a layer whose input is SnakeBeta(x + bias) applied by its unfold as it reads x
-        (`ops.unfold_columns(snake=)`): the activation is never written out, so the state's context is
-        computed alone, SnakeBeta of x's last `context` samples."""
+    def advance_activated(self, x: Tensor, state: CodecStreamState) -> tuple[Tensor | None, Tensor | None]:
+        """`advance` for a layer whose unfold puts x through SnakeBeta as it reads it (`ops.unfold_columns`'s
+        `snake`): (the context before x, an empty tensor that is now the state's context), the latter for the
+        unfold to fill with the activation of x's last `context` samples (its `activation_tail`), since the
+        activation is never written out whole. x must hold at least `context` samples."""
         if self.context == 0:
-            return None
+            return None, None
+        if x.shape[-1] < self.context:
+            raise ValueError(f"{x.shape[-1]} samples hold less than the layer's context of {self.context}")
         history = state.history[self.state_key]
-        if x.shape[-1] >= self.context:
-            state.history[self.state_key] = ops.snake_beta(x[..., x.shape[-1] - self.context :], *snake)
-        else:
-            activated = ops.snake_beta(x, *snake)
-            state.history[self.state_key] = torch.cat([history[..., x.shape[-1] :], activated], dim=-1)
-        return history
+        tail = torch.empty(history.shape, dtype=x.dtype, device=x.device)
+        state.history[self.state_key] = tail
+        return history, tail
 
 
 def _gemm_path(x: Tensor) -> bool:
@@ -231,10 +229,11 @@ def _conv_rows(
     dilation: int,
     history: Tensor | None = None,
     snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
 ) -> Tensor:
     """The conv of `conv1d_as_gemm` as its GEMM output [O, B * T]."""
     out_channels, in_channels, kernel = weight.shape
-    columns = ops.unfold_columns(x, kernel, dilation, history, snake)  # [C * K, B * T]
+    columns = ops.unfold_columns(x, kernel, dilation, history, snake, activation_tail)  # [C * K, B * T]
     flat = weight.reshape(out_channels, in_channels * kernel)
     if bias is None:
         return torch.mm(flat, columns)
@@ -248,13 +247,14 @@ def conv1d_as_gemm(
     dilation: int,
     history: Tensor | None = None,
     snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
 ) -> Tensor:
     """`F.conv1d(s, weight, bias, dilation=dilation)` (no padding, one group) of the samples s = [history | x]
     (x alone without a history) as one GEMM over the unfolded input, s [B, C, T + (K - 1) * dilation] (any
     strides) -> channel-major [B, O, T]: weight [O, C*K] @ columns [C*K, B*T] (+ bias). The columns are
     copied from the history and x directly (`ops.unfold_columns`), so a causal conv's context is never
     concatenated with its input. With `snake`, x's samples are SnakeBeta(x + bias) (the history holds the
-    activation already).
+    activation already), and `activation_tail`, if given, receives the activation of x's last samples.
 
     Why on CUDA: a frame gives the codec's convs only 4..1920 output steps a stream, where cuDNN's float32
     kernels reached ~2 TFLOP/s (95 us a call, most of the float32 codec's time in the device profile) and
@@ -266,7 +266,8 @@ def conv1d_as_gemm(
     strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
     follows cuBLAS's blocking.
     """
-    return _batch_view(_conv_rows(x, weight, bias, dilation, history, snake), x.shape[0])
+    rows = _conv_rows(x, weight, bias, dilation, history, snake, activation_tail)
+    return _batch_view(rows, x.shape[0])
 
 
 class CausalConv1d(_Streamed):
@@ -322,8 +323,8 @@ class CausalConv1d(_Streamed):
         """The GEMM-path conv of activation(x, activation_bias), applied by the unfold; the state keeps the
         activation's last `context` samples as this layer's history."""
         snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
-        history = self.advance_activated(x, state, snake)
-        return conv1d_as_gemm(x, self.conv.weight, offset, self.conv.dilation[0], history, snake)
+        history, tail = self.advance_activated(x, state)
+        return conv1d_as_gemm(x, self.conv.weight, offset, self.conv.dilation[0], history, snake, tail)
 
 
 def conv_transpose1d_as_gemm(
@@ -333,10 +334,11 @@ def conv_transpose1d_as_gemm(
     stride: int,
     history: Tensor | None = None,
     snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
 ) -> Tensor:
     """The causal transposed conv of `CausalConvTranspose1d` as one GEMM: input [history | x]
-    [B, C, m - 1 + T] (left context first) -> the T new blocks [B, O, T * stride]. With `snake`, x's samples
-    are SnakeBeta(x + bias), as in `conv1d_as_gemm`.
+    [B, C, m - 1 + T] (left context first) -> the T new blocks [B, O, T * stride]. `snake` and
+    `activation_tail` as in `conv1d_as_gemm`.
 
     Output sample t * s + r of a new frame t is sum over j' < m of W[:, :, (m - 1 - j') * s + r]^T x[t + j']:
     a stride-1 conv of kernel m over the input frames (`conv1d_as_gemm`) whose O * s output channels are the
@@ -344,7 +346,9 @@ def conv_transpose1d_as_gemm(
     (`CausalConvTranspose1d` derives them); the (channel, phase, stream, frame) result is reordered to
     (channel, stream, frame, phase), channel-major like `conv1d_as_gemm`'s.
     """
-    blocks = _conv_rows(x, gemm_weight, gemm_bias, 1, history, snake)  # [(channel, phase), (stream, frame)]
+    blocks = _conv_rows(
+        x, gemm_weight, gemm_bias, 1, history, snake, activation_tail
+    )  # [(channel, phase), (stream, frame)]
     out_channels = blocks.shape[0] // stride
     batch = x.shape[0]
     samples = blocks.view(out_channels, stride, batch, -1).permute(0, 2, 3, 1).reshape(out_channels, -1)
@@ -398,13 +402,14 @@ class CausalConvTranspose1d(_Streamed, _Derived):
         it as it reads x, as in `CausalConv1d.forward` (each block's first SnakeBeta: 4 passes a packet)."""
         frames = x.shape[-1]
         if _gemm_path(x):
-            snake = None
             if activation is None:
                 history = self.advance(x, state)
-            else:
-                snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
-                history = self.advance_activated(x, state, snake)
-            return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history, snake)
+                return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history)
+            snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
+            history, tail = self.advance_activated(x, state)
+            return conv_transpose1d_as_gemm(
+                x, self.gemm_weight, self.gemm_bias, self.stride, history, snake, tail
+            )
         if activation is not None:
             x = activation(x, activation_bias)
         history = self.advance(x, state)

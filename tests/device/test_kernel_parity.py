@@ -23,7 +23,8 @@ Tolerances, per op:
 - snake_beta: bit-identical in float32 and bf16 (the reference's ops in its order with torch's roundings,
   no FMA contraction; float32 with CUDA's own sinf, bf16 with a hardware sine that rounds to sinf's bf16 at
   every one of the 65536 bf16 arguments, tested over all of them).
-- unfold_columns: bit-identical (a copy); with `snake`, bit-identical to snake_beta then the copy.
+- unfold_columns: bit-identical (a copy); with `snake`, bit-identical to snake_beta then the copy, and its
+  `activation_tail` to snake_beta's last samples.
 - gather_rows, scatter_rows_: bit-identical (copies).
 - conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
   rounding); the same bits from a split history and for a stream alone as in the batch.
@@ -651,8 +652,15 @@ def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize(
-    "batch,channels,dilation,length,scale",
-    [(64, 96, 9, 7680, 1.0), (16, 32, 3, 16, 1.0), (3, 16, 3, 13, 1.0), (4, 24, 1, 2568, 1000.0)],
+    "batch,channels,kernel,dilation,length,scale",
+    [
+        (64, 96, 7, 9, 7680, 1.0),
+        (16, 32, 7, 3, 16, 1.0),
+        (3, 16, 7, 3, 13, 1.0),
+        (4, 24, 7, 1, 2568, 1000.0),
+        (64, 48, 2, 1, 16, 1.0),
+        (4, 24, 2, 1, 2560, 1.0),
+    ],
 )
 def test_unfold_columns_with_snake_is_snake_then_unfold(  # type: ignore[no-untyped-def]
     ext,
@@ -660,15 +668,17 @@ def test_unfold_columns_with_snake_is_snake_then_unfold(  # type: ignore[no-unty
     with_bias: bool,
     batch: int,
     channels: int,
+    kernel: int,
     dilation: int,
     length: int,
     scale: float,
 ) -> None:
-    """The residual units' first SnakeBeta applied by the unfold as it reads x (`snake=`), with the history
-    (the activation's last samples, already activated) read as it is: bit for bit `snake_beta` then the
-    copy, and the reference, on channel-major inputs staged (>= 64 samples) or not, and past the bf16 fast
-    sine's range (scale 1000)."""
-    kernel, context = 7, 6 * dilation
+    """The SnakeBeta before a conv (a residual unit's 7 taps, a transposed conv's 2) applied by the unfold as
+    it reads x (`snake=`), with the history (already activated) read as it is: bit for bit `snake_beta` then
+    the copy, and the reference, on channel-major inputs staged (>= 64 samples) or not, and past the bf16 fast
+    sine's range (scale 1000). The activation's last n samples written to `activation_tail` (the next
+    history) are `snake_beta`'s, for n = 1, the conv's context and the whole x."""
+    context = (kernel - 1) * dilation
     x = (torch.randn(batch, channels, length, device="cuda") * scale).to(dtype)
     x = x.transpose(0, 1).contiguous().transpose(0, 1)
     history = torch.randn(batch, channels, context, device="cuda").to(dtype)
@@ -680,6 +690,24 @@ def test_unfold_columns_with_snake_is_snake_then_unfold(  # type: ignore[no-unty
     activated = ops.snake_beta(x, frequency, inverse_beta, bias)
     assert torch.equal(got, ops.unfold_columns(activated, kernel, dilation, history=history))
     assert torch.equal(got, reference.unfold_columns(x, kernel, dilation, history=history, snake=snake))
+    for n in sorted({1, min(context, length), length}):
+        tail = torch.full((batch, channels, n), float("nan"), device="cuda").to(dtype)
+        with_tail = ops.unfold_columns(
+            x, kernel, dilation, history=history, snake=snake, activation_tail=tail
+        )
+        assert torch.equal(with_tail, got)
+        assert torch.equal(tail, activated[..., length - n :])
+
+
+def test_unfold_columns_checks_the_activation_tail(ext) -> None:  # type: ignore[no-untyped-def]
+    """A tail longer than the conv's steps, or one without SnakeBeta, is refused: nothing out of bounds."""
+    x = torch.randn(2, 8, 16, device="cuda")
+    history = torch.randn(2, 8, 6, device="cuda")
+    snake = reference.SnakeBetaParameters(torch.ones(8, device="cuda"), torch.ones(8, device="cuda"))
+    with pytest.raises(RuntimeError, match="tail must be"):
+        ops.unfold_columns(x, 7, 1, history, snake, torch.empty(2, 8, 17, device="cuda"))
+    with pytest.raises(ValueError, match="needs snake"):
+        ops.unfold_columns(x, 7, 1, history, None, torch.empty(2, 8, 6, device="cuda"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])

@@ -115,34 +115,37 @@ def random_snake(channels: int, seed: int) -> SnakeBeta:
 
 
 @pytest.mark.parametrize("steps", [2, 6, 11])
-def test_advance_activated_keeps_the_activations_context(steps: int) -> None:
-    """The context kept for a conv whose unfold applies SnakeBeta is what `advance` keeps of the activation,
-    from inputs longer and shorter than the context (6 samples)."""
-    layer = CausalConv1d(8, 8, kernel_size=7)
+def test_activated_conv_keeps_the_activations_context(steps: int, gemm_path: None) -> None:
+    """A conv whose unfold applies SnakeBeta (the activation never written out whole) gives the conv of the
+    activation and keeps the same context, packet after packet; inputs shorter than the context (6 samples)
+    take the activation first."""
+    layer = CausalConv1d(8, 8, kernel_size=7).double()
     layer.state_key = "conv"
     activation, bias = random_snake(8, seed=5), randn(8, seed=7)
-    snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, bias)
     start = randn(2, 8, layer.context, seed=8)
     fused = CodecStreamState(torch.zeros(2), [], {"conv": start})
     plain = CodecStreamState(torch.zeros(2), [], {"conv": start})
     for seed in range(3):
         x = randn(2, 8, steps, seed=10 + seed)
-        got = layer.advance_activated(x, fused, snake)
-        expected = layer.advance(activation(x, bias), plain)
-        assert got is not None and expected is not None
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    torch.testing.assert_close(fused.history["conv"], plain.history["conv"], rtol=0, atol=0)
+        got = layer(x, fused, activation=activation, activation_bias=bias)
+        expected = layer(activation(x, bias), plain)
+        torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
+        torch.testing.assert_close(fused.history["conv"], plain.history["conv"], rtol=0, atol=0)
 
 
 def test_conv_transpose1d_as_gemm_applies_the_snake_to_x_only() -> None:
-    """With `snake`, the GEMM transposed conv is that of [history | SnakeBeta(x + bias)]."""
+    """With `snake`, the GEMM transposed conv is that of [history | SnakeBeta(x + bias)], and the activation
+    tail is the activation's last samples."""
     module = CausalConvTranspose1d(6, 4, 10, 5).double()
     activation, bias = random_snake(6, seed=20), randn(6, seed=22)
     history, x = randn(3, 6, module.context, seed=23), channel_major(randn(3, 6, 4, seed=24))
     snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, bias)
-    got = conv_transpose1d_as_gemm(x, module.gemm_weight, module.gemm_bias, 5, history, snake)
-    expected = conv_transpose1d_as_gemm(activation(x, bias), module.gemm_weight, module.gemm_bias, 5, history)
+    tail = torch.empty(3, 6, 1, dtype=torch.float64)
+    got = conv_transpose1d_as_gemm(x, module.gemm_weight, module.gemm_bias, 5, history, snake, tail)
+    activated = activation(x, bias)
+    expected = conv_transpose1d_as_gemm(activated, module.gemm_weight, module.gemm_bias, 5, history)
     torch.testing.assert_close(got, expected, rtol=EXACT, atol=EXACT)
+    torch.testing.assert_close(tail, activated[..., -1:], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -406,18 +406,20 @@ int64_t conv_length(const q3tts::UnfoldInput& input, const at::Tensor& x, int64_
   return length;
 }
 
-// With `frequency` and `inverse_beta` (and optionally `bias`), x's samples go through SnakeBeta(x + bias).
+// With `frequency` and `inverse_beta` (and optionally `bias`), x's samples go through SnakeBeta(x + bias), and
+// `tail` [B, C, n] (optional) receives the activation of x's last n samples.
 void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, int64_t kernel,
                     int64_t dilation, c10::optional<at::Tensor> frequency, c10::optional<at::Tensor> inverse_beta,
-                    c10::optional<at::Tensor> bias) {
+                    c10::optional<at::Tensor> bias, c10::optional<at::Tensor> tail) {
   const q3tts::UnfoldInput input = conv_samples(x, history);
   const int64_t length = conv_length(input, x, kernel, dilation);
   check(out, "out", x.scalar_type());
   TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(1) * kernel &&
                   out.size(1) == x.size(0) * length,
               "out must be contiguous [channels * kernel, batch * (samples - span)]");
-  TORCH_CHECK(frequency.has_value() == inverse_beta.has_value() && (frequency.has_value() || !bias.has_value()),
-              "SnakeBeta needs frequency and inverse_beta (bias optional)");
+  TORCH_CHECK(frequency.has_value() == inverse_beta.has_value() &&
+                  (frequency.has_value() || (!bias.has_value() && !tail.has_value())),
+              "SnakeBeta needs frequency and inverse_beta (bias and tail optional)");
   const auto channel_vector = [&](const at::Tensor& t, const char* name) -> const void* {
     check(t, name, x.scalar_type());
     TORCH_CHECK(t.is_contiguous() && t.numel() == x.size(1), name, " must be contiguous [channels]");
@@ -427,6 +429,14 @@ void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> hist
   if (frequency.has_value()) {
     snake = {channel_vector(*frequency, "frequency"), channel_vector(*inverse_beta, "inverse_beta"),
              bias.has_value() ? channel_vector(*bias, "bias") : nullptr};
+  }
+  if (tail.has_value()) {
+    check(*tail, "tail", x.scalar_type());
+    TORCH_CHECK(tail->is_contiguous() && tail->dim() == 3 && tail->size(0) == x.size(0) &&
+                    tail->size(1) == x.size(1) && tail->size(2) >= 1 && tail->size(2) <= length,
+                "tail must be contiguous [batch, channels, n] with 1 <= n <= the conv's steps");
+    snake.tail = tail->data_ptr();
+    snake.tail_length = tail->size(2);
   }
   const c10::cuda::CUDAGuard guard(x.device());
   ok(q3tts::unfold_columns(out.data_ptr(), input, frequency.has_value() ? &snake : nullptr, kernel, length, dilation,

@@ -121,11 +121,15 @@ struct UnfoldInput {
   int64_t x_strides[3];
 };
 // SnakeBeta(x + bias) per channel (snake.cuh) applied to the samples of x (not the history's) as a kernel reads
-// them: frequency and inverse_beta [C], bias [C] or null, contiguous, of the samples' type.
+// them: frequency and inverse_beta [C], bias [C] or null, contiguous, of the samples' type. `tail` (contiguous
+// [B, C, tail_length], tail_length <= T, or null) receives the activation of x's last tail_length samples, the
+// next pass's history, so the activation is never written out whole.
 struct SnakeParameters {
   const void* frequency;
   const void* inverse_beta;
   const void* bias;
+  void* tail = nullptr;
+  int64_t tail_length = 0;
 };
 // `snake` null: the samples as they are.
 cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t kernel,

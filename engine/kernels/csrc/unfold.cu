@@ -22,7 +22,8 @@ struct alignas(16) Vec16 {
 };
 
 // The samples of one conv input: `context` history samples, then x's, those of x through SnakeBeta(x + bias)
-// when `frequency` is set. Element strides.
+// when `frequency` is set. Element strides. With `tail`, the samples from `tail_first` on (x's last ones) are
+// also written there as read, [B, C, tail_length] contiguous (`keep`).
 template <typename T>
 struct Samples {
   const T* history;
@@ -33,11 +34,20 @@ struct Samples {
   const T* frequency = nullptr;
   const T* inverse_beta = nullptr;
   const T* bias = nullptr;
+  T* tail = nullptr;
+  int64_t channels = 0;
+  int64_t tail_first = 0;
+  int tail_length = 0;
 
   __device__ __forceinline__ T at(int b, int64_t c, int64_t s) const {
     if (s < context) return history[b * history_strides[0] + c * history_strides[1] + s * history_strides[2]];
     const T v = x[b * x_strides[0] + c * x_strides[1] + (s - context) * x_strides[2]];
     return frequency == nullptr ? v : snake_of_channel(v, frequency, inverse_beta, bias, c);
+  }
+
+  // Sample s's value v, from the one thread that reads s for the last tap (k = K - 1: s = span + t, once each).
+  __device__ __forceinline__ void keep(int b, int64_t c, int64_t s, T v) const {
+    if (tail != nullptr && s >= tail_first) tail[(b * channels + c) * tail_length + (s - tail_first)] = v;
   }
 };
 
@@ -66,6 +76,10 @@ __global__ void unfold_rows_kernel(T* __restrict__ out, Samples<T> in, int64_t v
 #pragma unroll
     for (int j = 0; j < E; ++j) v.v[j] = in.at(r.b, r.c, s0 + j);
     *reinterpret_cast<Vec16<T>*>(out + row * length + t0) = v;
+    if (r.k == kernel - 1) {
+#pragma unroll
+      for (int j = 0; j < E; ++j) in.keep(r.b, r.c, s0 + j, v.v[j]);
+    }
   }
 }
 
@@ -89,9 +103,17 @@ __global__ void __launch_bounds__(kStagedThreads)
   const int64_t c = source_row / batch;
   const int t0 = blockIdx.y * kTile;
   const int tile = min(kTile, length - t0);  // a multiple of E: length and kTile are
-  const int staged = tile + (kernel - 1) * dilation;
+  const int span = (kernel - 1) * dilation;
+  const int staged = tile + span;
   for (int i = threadIdx.x; i < staged; i += blockDim.x) stage[i] = in.at(b, c, static_cast<int64_t>(t0) + i);
   __syncthreads();
+  // The tail from the stage, not as each sample is staged: with the global store in that loop the 64-stream
+  // bf16 packet took 0.5% longer (run 141; a store that may alias x, for all the compiler knows, keeps the
+  // loop's loads from being hoisted). A tile keeps its own samples, t0 + span on; only the last holds tail ones.
+  if (in.tail != nullptr) {
+    const int64_t first = max(static_cast<int64_t>(span), in.tail_first - t0);
+    for (int64_t i = first + threadIdx.x; i < staged; i += blockDim.x) in.keep(b, c, t0 + i, stage[i]);
+  }
   const int per_tap = tile / E;
   for (int i = threadIdx.x; i < kernel * per_tap; i += blockDim.x) {
     const int k = i / per_tap, v = i - k * per_tap;
@@ -114,7 +136,10 @@ __global__ void unfold_kernel(T* __restrict__ out, Samples<T> in, int64_t total,
     const int64_t row = i / length;
     const int t = static_cast<int>(i - row * length);
     const RowIndex r(row, batch, kernel);
-    out[i] = in.at(r.b, r.c, static_cast<int64_t>(r.k) * dilation + t);
+    const int64_t s = static_cast<int64_t>(r.k) * dilation + t;
+    const T v = in.at(r.b, r.c, s);
+    out[i] = v;
+    if (r.k == kernel - 1) in.keep(r.b, r.c, s, v);
   }
 }
 
@@ -130,6 +155,10 @@ cudaError_t launch(void* out, const UnfoldInput& input, const SnakeParameters* s
     in.frequency = static_cast<const T*>(snake->frequency);
     in.inverse_beta = static_cast<const T*>(snake->inverse_beta);
     in.bias = static_cast<const T*>(snake->bias);
+    in.tail = static_cast<T*>(snake->tail);
+    in.channels = input.channels;
+    in.tail_length = static_cast<int>(snake->tail_length);
+    in.tail_first = (kernel - 1) * dilation + length - snake->tail_length;
   }
   constexpr int kThreads = 256;
   constexpr int E = Vec16<T>::kElems;
@@ -261,7 +290,8 @@ cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParam
                            int64_t length, int64_t dilation, int element_bytes, cudaStream_t stream) {
   if (length > INT32_MAX || input.batch > INT32_MAX || kernel > INT32_MAX || input.context > INT32_MAX ||
       (input.context > 0 && input.history == nullptr) ||
-      (snake != nullptr && (snake->frequency == nullptr || snake->inverse_beta == nullptr))) {
+      (snake != nullptr && (snake->frequency == nullptr || snake->inverse_beta == nullptr ||
+                            (snake->tail != nullptr && (snake->tail_length < 1 || snake->tail_length > length))))) {
     return cudaErrorInvalidValue;
   }
   if (element_bytes == 4) return launch<float>(out, input, snake, kernel, length, dilation, stream);
