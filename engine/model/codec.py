@@ -295,8 +295,8 @@ class CausalConv1d(_Streamed):
 
         With `activation` the conv's input is activation(x, activation_bias). On the GEMM path, when x holds
         the whole context, the unfold applies it as it reads x (`conv1d_as_gemm(snake=)`): the activation is
-        never written out but for its last `context` samples, the layer's history. At 64 streams those
-        activations were 16 of a packet's 29 SnakeBeta passes."""
+        never written out but for its last `context` samples, the layer's history, which the unfold writes too
+        (`advance_activated`)."""
         conv = self.conv
         offset = conv.bias if bias else None
         if activation is not None:
