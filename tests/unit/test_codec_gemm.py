@@ -88,7 +88,7 @@ def test_conv_transpose1d_as_gemm_is_the_transposed_convolution(
 ) -> None:
     """The GEMM form gives the module's new blocks, also after a dtype conversion re-derives its weights."""
     torch.manual_seed(in_channels + kernel)
-    module = CausalConvTranspose1d(in_channels, out_channels, kernel, stride).double()
+    module = CausalConvTranspose1d(in_channels, out_channels, kernel, stride).requires_grad_(False).double()
     x = randn(batch, in_channels, module.context + frames, seed=kernel + frames)
     start = module.context * stride
     expected = module.conv(x)[..., start : start + frames * stride]
@@ -106,7 +106,7 @@ def test_conv_transpose1d_as_gemm_is_the_transposed_convolution(
 
 
 def random_snake(channels: int, seed: int) -> SnakeBeta:
-    activation = SnakeBeta(channels).double()
+    activation = SnakeBeta(channels).requires_grad_(False).double()
     with torch.no_grad():
         activation.alpha.copy_(randn(channels, seed=seed))
         activation.beta.copy_(randn(channels, seed=seed + 1))
@@ -119,7 +119,7 @@ def test_activated_conv_keeps_the_activations_context(steps: int, gemm_path: Non
     """A conv whose unfold applies SnakeBeta (the activation never written out whole) gives the conv of the
     activation and keeps the same context, packet after packet; inputs shorter than the context (6 samples)
     take the activation first."""
-    layer = CausalConv1d(8, 8, kernel_size=7).double()
+    layer = CausalConv1d(8, 8, kernel_size=7).requires_grad_(False).double()
     layer.state_key = "conv"
     activation, bias = random_snake(8, seed=5), randn(8, seed=7)
     start = randn(2, 8, layer.context, seed=8)
@@ -136,7 +136,7 @@ def test_activated_conv_keeps_the_activations_context(steps: int, gemm_path: Non
 def test_conv_transpose1d_as_gemm_applies_the_snake_to_x_only() -> None:
     """With `snake`, the GEMM transposed conv is that of [history | SnakeBeta(x + bias)], and the activation
     tail is the activation's last samples."""
-    module = CausalConvTranspose1d(6, 4, 10, 5).double()
+    module = CausalConvTranspose1d(6, 4, 10, 5).requires_grad_(False).double()
     activation, bias = random_snake(6, seed=20), randn(6, seed=22)
     history, x = randn(3, 6, module.context, seed=23), channel_major(randn(3, 6, 4, seed=24))
     snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, bias)
