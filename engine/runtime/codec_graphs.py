@@ -43,6 +43,7 @@ from torch import Tensor
 
 from ..kernels import ops
 from ..model.codec import CodecStreamState, SpeechDecoder
+from .capture import capture_after_warm_up
 
 if TYPE_CHECKING:
     from .engine import VoiceDesignEngine
@@ -184,21 +185,10 @@ class CodecGraphs:
         return packet
 
     def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """Warm up once on a side stream (cuDNN algorithm choice, workspaces), then capture into the shared
-        pool (one run initialises all of that, as for the frame graphs: `GraphFrameBackend._capture`).
-
-        The warm-up run advances only the scratch row (the index is all scratch at capture)."""
-        context = fp32_codec() if self._fp32 else _nothing()
-        with context, torch.no_grad():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                run()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool, stream=self._capture_stream):
-                wave = run()
-        return graph, wave
+        """`capture_after_warm_up` on the capture stream, in the codec's precision. The warm-up run advances
+        only the scratch row (the index is all scratch at capture)."""
+        with fp32_codec() if self._fp32 else _nothing():
+            return capture_after_warm_up(run, self._graph_pool, self._capture_stream)
 
 
 @contextmanager

@@ -60,6 +60,7 @@ from ..model.predictor import CodePredictor
 from ..model.talker import Talker
 from ..transfer import upload, upload_into
 from . import step
+from .capture import capture_after_warm_up
 from .modes import EXACT, Mode
 from .sampling import SamplingRows
 from .step import FrameRows, SlotState, StepIndex
@@ -1320,18 +1321,9 @@ class GraphFrameBackend:
         return captured
 
     def _capture(self, run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """Warm up once on a side stream (lazy inits, cuBLAS workspaces), then capture into the shared pool.
-        One warm-up run: a second initialises nothing the first did not, and the warm-ups of the packed
-        passes' graphs (up to 16,384 rows each) were most of an engine's start."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool):
-            out = run()
-        return graph, out
+        """`capture_after_warm_up` into this backend's pool: the one seam through which every graph of the
+        backend is made (a CPU test replaces it with direct calls)."""
+        return capture_after_warm_up(run, self._pool)
 
 
 def _slice_sampling(rows: SamplingRows, start: int, stop: int) -> SamplingRows:
