@@ -322,7 +322,7 @@ class CausalConv1d(_Streamed):
     ) -> Tensor:
         """The GEMM-path conv of activation(x, activation_bias), applied by the unfold; the state keeps the
         activation's last `context` samples as this layer's history."""
-        snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
+        snake = activation.kernel_parameters(activation_bias)
         history, tail = self.advance_activated(x, state)
         return conv1d_as_gemm(x, self.conv.weight, offset, self.conv.dilation[0], history, snake, tail)
 
@@ -405,11 +405,12 @@ class CausalConvTranspose1d(_Streamed, _Derived):
         it as it reads x, as in `CausalConv1d.forward` (each block's first SnakeBeta: 4 passes a packet)."""
         frames = x.shape[-1]
         if _gemm_path(x):
+            snake, tail = None, None
             if activation is None:
                 history = self.advance(x, state)
-                return conv_transpose1d_as_gemm(x, self.gemm_weight, self.gemm_bias, self.stride, history)
-            snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, activation_bias)
-            history, tail = self.advance_activated(x, state)
+            else:
+                snake = activation.kernel_parameters(activation_bias)
+                history, tail = self.advance_activated(x, state)
             return conv_transpose1d_as_gemm(
                 x, self.gemm_weight, self.gemm_bias, self.stride, history, snake, tail
             )
@@ -443,6 +444,10 @@ class SnakeBeta(_Derived):
     def _derive(self) -> None:
         self.frequency = self.alpha.exp()
         self.inverse_beta = 1.0 / (self.beta.exp() + _SNAKE_EPS)
+
+    def kernel_parameters(self, bias: Tensor | None = None) -> SnakeBetaParameters:
+        """What a kernel applying SnakeBeta(x + bias) as it reads x takes (`ops.unfold_columns`'s `snake`)."""
+        return SnakeBetaParameters(self.frequency, self.inverse_beta, bias)
 
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """SnakeBeta(x + bias) with bias [C] when given: the bias of the conv before, in the same kernel.

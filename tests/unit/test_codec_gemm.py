@@ -13,7 +13,6 @@ from test_codec_streaming import random_tensors
 from torch import Tensor
 
 from qwen3_tts_native.engine.config import VoiceDesignConfig
-from qwen3_tts_native.engine.kernels.reference import SnakeBetaParameters
 from qwen3_tts_native.engine.model import codec
 from qwen3_tts_native.engine.model.codec import (
     CausalConv1d,
@@ -139,7 +138,7 @@ def test_conv_transpose1d_as_gemm_applies_the_snake_to_x_only() -> None:
     module = CausalConvTranspose1d(6, 4, 10, 5).requires_grad_(False).double()
     activation, bias = random_snake(6, seed=20), randn(6, seed=22)
     history, x = randn(3, 6, module.context, seed=23), channel_major(randn(3, 6, 4, seed=24))
-    snake = SnakeBetaParameters(activation.frequency, activation.inverse_beta, bias)
+    snake = activation.kernel_parameters(bias)
     tail = torch.empty(3, 6, 1, dtype=torch.float64)
     got = conv_transpose1d_as_gemm(x, module.gemm_weight, module.gemm_bias, 5, history, snake, tail)
     activated = activation(x, bias)
