@@ -15,8 +15,9 @@
 # machine drifts, and a fixed order would charge the drift to one tree). KBENCH_TABLES: kernel_bench.py tables
 # run for the checkout and each tree (e.g. products_in_graph; default none). TEST_TREES: the trees whose kernel
 # device tests run (default: all of TREES; "" when run_all.sh's tests phase covers the same kernels).
+# FRAME_TIME=0 skips the frame timings (a codec-only change leaves the frames as the checkout's).
 # Usage: TREES="attn sampler" [RUNS=3] [ROUNDS=2] [KBENCH_TABLES=products_in_graph] [CODEC_TREES="attn"] \
-#   [PARITY_TREES="attn"] [TEST_TREES="attn"] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
+#   [PARITY_TREES="attn"] [TEST_TREES="attn"] [FRAME_TIME=0] [BUDGET_S=540] bash benchmarks/device/ab_trees.sh
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
@@ -76,8 +77,10 @@ if [ -n "${KBENCH_TABLES:-}" ]; then
 fi
 
 ROUNDS=${ROUNDS:-1}
+FRAME_ROUNDS=$ROUNDS
+[ "${FRAME_TIME:-1}" = 0 ] && FRAME_ROUNDS=0
 tag() { (( ROUNDS > 1 )) && echo "$1$2" || echo "$1"; }
-for round in $(seq 1 "$ROUNDS"); do
+for round in $(seq 1 "$FRAME_ROUNDS"); do
   for name in checkout $TREES; do
     echo "=== frame_time: $(tag "$name" "$round") ($(left)s left)"
     ( cd "$ROOT/benchmarks/device" && export QWEN3_TTS_KERNEL_CACHE=$(kernel_cache "$name") \
@@ -86,7 +89,7 @@ for round in $(seq 1 "$ROUNDS"); do
         --runs "${RUNS:-3}" 2>&1 | tail -4 )
   done
 done
-for round in $(seq 1 "$ROUNDS"); do
+for round in $(seq 1 "$FRAME_ROUNDS"); do
   for name in $TREES; do
     echo "=== $(tag "$name" "$round") against $(tag checkout "$round")"
     ( cd "$ROOT/benchmarks/device" && python3 frame_time.py --compare "$RESULTS" "$(tag checkout "$round")" \
