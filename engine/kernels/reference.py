@@ -216,6 +216,17 @@ def unfold_columns(
     return columns.permute(1, 3, 0, 2).reshape(channels * kernel, -1)
 
 
+def interleave_phases(rows: Tensor, bias: Tensor, phases: int) -> Tensor:
+    """A transposed conv's GEMM output in sample order: rows [C * phases, N] (row c * phases + r: channel c's
+    phase r) plus bias [C * phases] -> [C, N * phases], out[c, n * phases + r] = rows[c * phases + r, n] +
+    bias[c * phases + r] (`codec.conv_transpose1d_as_gemm`)."""
+    channels = rows.shape[0] // phases
+    ordered = rows.view(channels, phases, -1).permute(0, 2, 1)
+    out = torch.empty(ordered.shape, dtype=rows.dtype, device=rows.device)
+    torch.add(ordered, bias.view(channels, 1, phases), out=out)
+    return out.view(channels, -1)
+
+
 def conv_to_one_channel(
     x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, history: Tensor | None = None
 ) -> Tensor:

@@ -345,17 +345,13 @@ def conv_transpose1d_as_gemm(
     (channel, phase) pairs. `gemm_weight` [O * s, C, m] and `gemm_bias` [O * s] are that conv's
     (`CausalConvTranspose1d` derives them); the (channel, phase, stream, frame) result is reordered to
     (channel, stream, frame, phase), channel-major like `conv1d_as_gemm`'s, and the bias is added by that
-    reorder: as the GEMM's [O * s, 1] bias, addmm first copied it, broadcast, over the whole output (one pass
-    more; 1-2.6% of a packet, run 144).
+    reorder (`ops.interleave_phases`): as the GEMM's [O * s, 1] bias, addmm first copied it, broadcast, over
+    the whole output (one pass more; 1-2.6% of a packet, run 144).
     """
     blocks = _conv_rows(
         x, gemm_weight, None, 1, history, snake, activation_tail
     )  # [(channel, phase), (stream, frame)]
-    out_channels = blocks.shape[0] // stride
-    ordered = blocks.view(out_channels, stride, x.shape[0], -1).permute(0, 2, 3, 1)
-    samples = torch.empty(ordered.shape, dtype=blocks.dtype, device=blocks.device)
-    torch.add(ordered, gemm_bias.view(out_channels, 1, 1, stride), out=samples)
-    return _batch_view(samples.view(out_channels, -1), x.shape[0])
+    return _batch_view(ops.interleave_phases(blocks, gemm_bias, stride), x.shape[0])
 
 
 class CausalConvTranspose1d(_Streamed, _Derived):

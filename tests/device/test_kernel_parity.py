@@ -25,6 +25,7 @@ Tolerances, per op:
   every one of the 65536 bf16 arguments, tested over all of them).
 - unfold_columns: bit-identical (a copy); with `snake`, bit-identical to snake_beta then the copy, and its
   `activation_tail` to snake_beta's last samples.
+- interleave_phases: bit-identical (a copy with one rounding of a + b, as torch's add).
 - gather_rows, scatter_rows_: bit-identical (copies).
 - conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
   rounding); the same bits from a split history and for a stream alone as in the batch.
@@ -647,6 +648,26 @@ def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
     for context in {(kernel - 1) * dilation, 1, samples - 1}:
         split = ops.unfold_columns(x[..., context:], kernel, dilation, history=x[..., :context])
         assert torch.equal(split, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize(
+    "channels,phases,columns",
+    [(768, 8, 1024), (96, 3, 163840), (384, 5, 128), (192, 4, 300), (7, 1, 1), (2, 8, 257)],
+)
+def test_interleave_phases_is_the_reference(  # type: ignore[no-untyped-def]
+    ext, dtype: torch.dtype, channels: int, phases: int, columns: int
+) -> None:
+    """A transposed conv's GEMM rows in sample order with the bias added, bit for bit: the codec blocks'
+    shapes at 64 streams (8 and 3 phases) and at one, runs of columns whole and partial, one phase."""
+    rows = torch.randn(channels * phases, columns, device="cuda").to(dtype)
+    bias = torch.randn(channels, device="cuda").to(dtype).repeat_interleave(phases)
+    got = ops.interleave_phases(rows, bias, phases)
+    assert got.shape == (channels, columns * phases)
+    assert torch.equal(got, reference.interleave_phases(rows, bias, phases))
+    assert torch.equal(
+        got.view(channels, columns, phases)[:, 3 % columns, 0], rows[::phases, 3 % columns] + bias[::phases]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])

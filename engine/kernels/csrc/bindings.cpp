@@ -466,6 +466,22 @@ void conv_to_one_channel(at::Tensor out, at::Tensor x, c10::optional<at::Tensor>
      "conv_to_one_channel");
 }
 
+void interleave_phases(at::Tensor out, at::Tensor rows, at::Tensor bias, int64_t phases) {
+  const at::ScalarType dtype = rows.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "rows must be float32 or bfloat16");
+  check(rows, "rows", dtype);
+  check(bias, "bias", dtype);
+  check(out, "out", dtype);
+  TORCH_CHECK(rows.dim() == 2 && rows.is_contiguous() && phases >= 1 && rows.size(0) % phases == 0,
+              "rows must be contiguous [channels * phases, columns]");
+  TORCH_CHECK(bias.is_contiguous() && bias.numel() == rows.size(0), "bias must be contiguous [channels * phases]");
+  TORCH_CHECK(out.is_contiguous() && out.numel() == rows.numel(), "out must be contiguous, rows' size");
+  const c10::cuda::CUDAGuard guard(rows.device());
+  ok(q3tts::interleave_phases(out.data_ptr(), rows.data_ptr(), bias.data_ptr(), rows.size(0) / phases, phases,
+                              rows.size(1), static_cast<int>(rows.element_size()), stream()),
+     "interleave_phases");
+}
+
 // The codec transformer's window attention for one pass (launchers.h, `codec_window_attention`).
 void codec_window_attention(at::Tensor out, at::Tensor next_cache, at::Tensor qkv, at::Tensor cos, at::Tensor sin,
                             at::Tensor cache, at::Tensor positions) {
@@ -710,6 +726,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("snake_beta", &snake_beta);
   m.def("unfold_columns", &unfold_columns);
   m.def("conv_to_one_channel", &conv_to_one_channel);
+  m.def("interleave_phases", &interleave_phases);
   m.def("codec_window_attention", &codec_window_attention);
   m.def("copy_rows", &copy_rows);
   m.def("set_dependent_launch", &set_dependent_launch);

@@ -142,6 +142,12 @@ cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void*
                                 int64_t kernel, int64_t length, int64_t dilation, int element_bytes,
                                 cudaStream_t stream);
 
+// The transposed convs' GEMM output in sample order: out[c, n, r] = rows[c * phases + r, n] + bias[c * phases + r]
+// (one rounding), rows contiguous [channels * phases, columns], bias [channels * phases], out contiguous
+// [channels, columns * phases]; 1 <= phases <= 8, float32 (element_bytes 4) or bfloat16 (2).
+cudaError_t interleave_phases(void* out, const void* rows, const void* bias, int64_t channels, int64_t phases,
+                              int64_t columns, int element_bytes, cudaStream_t stream);
+
 // The codec transformer's sliding-window attention for a pass of `frames` frames (codec_attention.cu): qkv
 // contiguous [B, frames, kv_heads, group + 2, head_dim] (per KV head its group's query rows, its key, its
 // value), cos and sin contiguous [B, frames, group + 2, head_dim], cache [B, kv_heads, window - 1, 2 * head_dim]
