@@ -447,12 +447,15 @@ def unfold_columns(
 
 def interleave_phases(rows: Tensor, bias: Tensor, phases: int) -> Tensor:
     """`reference.interleave_phases` (a transposed conv's GEMM rows in sample order, bias added), float32 or
-    bf16: one kernel whose reads and writes are both coalesced (unfold.cu says why); bit-identical."""
+    bf16, an even number of columns: one kernel whose reads and writes are both coalesced (unfold.cu says
+    why); bit-identical."""
     ext = _ext(rows, bias, dtype=None)
     fits = (
         rows.dtype in (torch.float32, torch.bfloat16)
         and rows.dim() == 2
         and rows.is_contiguous()
+        and rows.shape[1] % 2 == 0
+        and rows.data_ptr() % (2 * rows.element_size()) == 0
         and 1 <= phases <= 8
         and rows.shape[0] % phases == 0
         and rows.shape[0] // phases <= 65535

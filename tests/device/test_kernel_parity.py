@@ -653,13 +653,25 @@ def test_unfold_columns_is_the_reference_copy(  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize(
     "channels,phases,columns",
-    [(768, 8, 1024), (96, 3, 163840), (384, 5, 128), (192, 4, 300), (7, 1, 1), (2, 8, 257)],
+    [
+        (768, 8, 1024),
+        (96, 3, 163840),
+        (384, 5, 128),
+        (192, 4, 300),
+        (5, 2, 1026),
+        (3, 6, 514),
+        (4, 7, 1000),
+        (7, 1, 2),
+        (7, 1, 1),
+        (2, 8, 257),
+    ],
 )
 def test_interleave_phases_is_the_reference(  # type: ignore[no-untyped-def]
     ext, dtype: torch.dtype, channels: int, phases: int, columns: int
 ) -> None:
     """A transposed conv's GEMM rows in sample order with the bias added, bit for bit: the codec blocks'
-    shapes at 64 streams (8 and 3 phases) and at one, runs of columns whole and partial, one phase."""
+    shapes at 64 streams (8 and 3 phases) and at one, runs of columns whole and partial, every phase count
+    from 1 to 8; an odd column count (the kernel takes columns in pairs) through the reference."""
     rows = torch.randn(channels * phases, columns, device="cuda").to(dtype)
     bias = torch.randn(channels, device="cuda").to(dtype).repeat_interleave(phases)
     got = ops.interleave_phases(rows, bias, phases)

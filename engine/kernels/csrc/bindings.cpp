@@ -472,8 +472,9 @@ void interleave_phases(at::Tensor out, at::Tensor rows, at::Tensor bias, int64_t
   check(rows, "rows", dtype);
   check(bias, "bias", dtype);
   check(out, "out", dtype);
-  TORCH_CHECK(rows.dim() == 2 && rows.is_contiguous() && phases >= 1 && rows.size(0) % phases == 0,
-              "rows must be contiguous [channels * phases, columns]");
+  TORCH_CHECK(rows.dim() == 2 && rows.is_contiguous() && phases >= 1 && rows.size(0) % phases == 0 &&
+                  rows.size(1) % 2 == 0,
+              "rows must be contiguous [channels * phases, columns], columns even");
   TORCH_CHECK(bias.is_contiguous() && bias.numel() == rows.size(0), "bias must be contiguous [channels * phases]");
   TORCH_CHECK(out.is_contiguous() && out.numel() == rows.numel(), "out must be contiguous, rows' size");
   const c10::cuda::CUDAGuard guard(rows.device());

@@ -144,7 +144,8 @@ cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void*
 
 // The transposed convs' GEMM output in sample order: out[c, n, r] = rows[c * phases + r, n] + bias[c * phases + r]
 // (one rounding), rows contiguous [channels * phases, columns], bias [channels * phases], out contiguous
-// [channels, columns * phases]; 1 <= phases <= 8, float32 (element_bytes 4) or bfloat16 (2).
+// [channels, columns * phases]; 1 <= phases <= 8, columns even, rows aligned to two elements, float32
+// (element_bytes 4) or bfloat16 (2).
 cudaError_t interleave_phases(void* out, const void* rows, const void* bias, int64_t channels, int64_t phases,
                               int64_t columns, int element_bytes, cudaStream_t stream);
 
