@@ -279,9 +279,10 @@ cudaError_t launch_conv(void* out, const UnfoldInput& input, const void* weight,
 // then writes its run's outputs as consecutive words (coalesced). Why: torch's add over the permuted view reads
 // with a stride of N a phase; the first form of this kernel (a column a thread, an element a store, a runtime
 // division an element) ran at half a copy's speed in bf16 (run 145, an H100: 0.29 ms for the 64-stream packet's
-// four reorders, a plain copy of their bytes 0.14 ms). P is a template argument so that the index arithmetic is
-// constant; a word of padding every 32 keeps the stores to shared memory free of bank conflicts when a
-// thread's word count is even. One rounding of a + b, as torch's add: bit-identical. Needs an even N.
+// four reorders, a plain copy of their bytes 0.14 ms; this form 0.143 ms, run 147). P is a template argument
+// so that the index arithmetic is constant; a word of padding every 32 keeps the stores to shared memory free
+// of bank conflicts when a thread's word count is even. One rounding of a + b, as torch's add: bit-identical.
+// Needs an even N.
 constexpr int kInterleaveThreads = 256;
 constexpr int kInterleaveColumns = 2 * kInterleaveThreads;
 constexpr int kInterleaveMaxPhases = 8;
