@@ -57,7 +57,8 @@ def measure(args: argparse.Namespace) -> int:
 
 def compare(folder: Path, base: str, new: str, prefix: str = "codec-packet") -> int:
     """Per mode: both trees' figures (`<prefix>-<tag>.json`) side by side, and the largest waveform
-    difference between them where both wrote waveforms (`codec-waves-<tag>.pt`)."""
+    difference between them where both wrote waveforms (`codec-waves-<tag>.pt`); written to
+    `<prefix>-compare-<base>-<new>.json`, a file a pair (ab_trees.sh compares several trees in a folder)."""
     import torch
 
     timings = {tag: json.loads((folder / f"{prefix}-{tag}.json").read_text()) for tag in (base, new)}
@@ -74,7 +75,7 @@ def compare(folder: Path, base: str, new: str, prefix: str = "codec-packet") -> 
                 (waves[new][name] - waves[base][name]).abs().max()
             )
         report[mode] = rows
-    (folder / f"{prefix}-compare.json").write_text(json.dumps(report, indent=2))
+    (folder / f"{prefix}-compare-{base}-{new}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=1))
     return 0
 
