@@ -14,12 +14,11 @@ Usage: python benchmarks/device/codec_tf32x3_ceiling.py --out DIR
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import measurement_parser
 
 from qwen3_tts_native.commands.bench import replay_ms
 
@@ -91,11 +90,7 @@ def measure_gemm(rows: int, reduction: int, columns: int, with_errors: bool) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, required=True, help="folder for codec-tf32x3-ceiling.json")
-    args = parser.parse_args()
+    args = measurement_parser(__doc__, modes=False, model=False).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     totals = {"fp32_ms": 0.0, "tf32_ms": 0.0, "tf32x3_ms": 0.0, "unfold_extra_gb": 0.0}

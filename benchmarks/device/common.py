@@ -80,13 +80,17 @@ def snapshot_path(args: argparse.Namespace) -> Path:
     return (args.model or Path(f"/tmp/q3tts/{args.preset}-seed{args.seed}")).absolute()
 
 
-def measurement_parser(description: str | None, modes: bool = True) -> argparse.ArgumentParser:
-    """The arguments of the one-process measurement scripts: --model SNAPSHOT and --out DIR, both required,
-    and --modes (default exact,fast)."""
+def measurement_parser(
+    description: str | None, modes: bool = True, model: bool = True
+) -> argparse.ArgumentParser:
+    """The arguments of the one-process measurement scripts: --model SNAPSHOT (unless `model` is off: a
+    micro-benchmark of ops on made-up tensors) and --out DIR, both required, and --modes (default
+    exact,fast)."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, required=True, help="full random snapshot directory")
+    if model:
+        parser.add_argument("--model", type=Path, required=True, help="full random snapshot directory")
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON written")
     if modes:
         parser.add_argument(

@@ -15,13 +15,12 @@ Usage: python benchmarks/device/transposed_reorder_cost.py --out DIR (after
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import measurement_parser
 
 from qwen3_tts_native.commands.bench import replay_ms
 from qwen3_tts_native.engine.kernels import ops, reference
@@ -34,11 +33,7 @@ Reorder = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, required=True, help="folder for transposed-reorder-cost.json")
-    args = parser.parse_args()
+    args = measurement_parser(__doc__, modes=False, model=False).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not ops.kernels_available():
         raise SystemExit("the CUDA extension is not built: python -m qwen3_tts_native.engine.kernels build")
