@@ -1,10 +1,9 @@
 """What the transposed convs' reorder costs: the GEMM's [(channel, phase), (stream, frame)] rows put in
 (channel, stream, frame, phase) order with the bias added, as torch's add over the permuted view
-(`reference.interleave_phases`, the form before adb248a) and as the tiled kernel `ops.interleave_phases`
-(a block stages one channel's phases for 256 columns in shared memory, then writes them in order: reads and
-writes both coalesced), against a plain copy of the same bytes (the floor). The four decoder blocks' shapes
-of one packet, captured in one CUDA graph per variant, bf16 (fast) and float32 (exact), at 1, 16 and 64
-streams; the kernel's output is checked against torch's (bit-identical: one rounding of a + b).
+(`reference.interleave_phases`, the form before adb248a) and as our kernel `ops.interleave_phases` (unfold.cu
+says how it stages and writes), against a plain copy of the same bytes (the floor). The four decoder
+blocks' shapes of one packet, captured in one CUDA graph per variant, bf16 (fast) and float32 (exact), at 1,
+16 and 64 streams; the kernel's output is checked against torch's (bit-identical: one rounding of a + b).
 
 Why: run 137's op profile put the reorders at ~0.28 ms of the 6.84 ms fast 64-stream packet; a copy of their
 bytes at the H200's bandwidth is ~0.12 ms.
@@ -38,9 +37,9 @@ def main() -> int:
     if not ops.kernels_available():
         raise SystemExit("the CUDA extension is not built: python -m qwen3_tts_native.engine.kernels build")
     variants: dict[str, Reorder] = {
-        "torch_add": lambda b, bias, s: reference.interleave_phases(b, bias, s),
-        "kernel": lambda b, bias, s: ops.interleave_phases(b, bias, s),
-        "plain_copy": lambda b, bias, s: b.clone(),
+        "torch_add": reference.interleave_phases,
+        "kernel": ops.interleave_phases,
+        "plain_copy": lambda rows, bias, phases: rows.clone(),
     }
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     for dtype in (torch.bfloat16, torch.float32):
