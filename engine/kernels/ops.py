@@ -17,6 +17,11 @@ from ..runtime import sampling
 from . import loader, reference
 from .reference import QuantizedRows, QuantizedWeight, SnakeBetaParameters
 
+try:
+    from . import triton_products
+except ImportError:  # no Triton (the CPU install): those products stay on cuBLAS or the torch reference
+    triton_products = None  # type: ignore[assignment]
+
 __all__ = [
     "DrawRecord",
     "QuantizedRows",
@@ -50,6 +55,9 @@ __all__ = [
     "tensor_core_linear",
     "tensor_core_linear_suits",
     "tensor_core_linear_swiglu",
+    "triton_linear",
+    "triton_linear_suits",
+    "triton_linear_swiglu",
     "unfold_columns",
 ]
 
@@ -790,6 +798,31 @@ def tensor_core_linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> T
     out = torch.empty(rows.shape[0], data.shape[0] // 2, dtype=x.dtype, device=x.device)
     ext.tensor_core_linear(out, rows, data, scale, None, True)
     return out.view(*x.shape[:-1], data.shape[0] // 2)
+
+
+def triton_linear_suits(x: Tensor, weight: Tensor, swiglu: bool = False) -> bool:
+    """Whether `triton_linear` (or, with `swiglu`, `triton_linear_swiglu`) runs these operands on its Triton
+    kernel rather than the torch reference: Triton installed, a Hopper GPU, bf16 x of 1 to 64 rows and a bf16
+    weight whose shape fills the kernel's blocks (triton_products.suits)."""
+    return triton_products is not None and triton_products.suits(x, weight, swiglu)
+
+
+def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """`linear` of up to 64 rows with k split over four blocks and their sums added in order, where Triton's
+    wgmma beats cuBLAS (the MLP's down products; triton_products says why). Kernel tolerance vs the
+    reference: `linear`'s (the fp32 sums of the same products in another order)."""
+    if not triton_linear_suits(x, weight):
+        return reference.linear(x, weight)
+    return triton_products.linear(x, weight)
+
+
+def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
+    """`linear_swiglu` of up to 64 rows in one Triton kernel (the gate/up products and their SwiGLU; the
+    roundings of the product then `silu_mul`). Kernel tolerance: `triton_linear`'s, then `silu_mul`'s
+    roundings."""
+    if not triton_linear_suits(x, gate_up, swiglu=True):
+        return reference.linear_swiglu(x, gate_up)
+    return triton_products.linear_swiglu(x, gate_up)
 
 
 @lru_cache(maxsize=8)

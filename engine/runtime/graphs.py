@@ -244,9 +244,10 @@ class Weight:
 
     Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
     is then fp8) an fp8 GEMM over `small`; in between, the tensor-core kernel over `small` up to
-    `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), else bf16 cuBLAS
-    over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear; `KernelFrame`'s L2
-    plan)."""
+    `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), then the Triton
+    kernels over `dense` up to `triton_max_rows` rows (set for the MLP's weights: ops.triton_linear), else
+    bf16 cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
+    `KernelFrame`'s L2 plan)."""
 
     dense: Tensor
     small: Tensor | QuantizedWeight
@@ -255,6 +256,7 @@ class Weight:
     fp8_min_rows: int | None = None
     l2_keep: int | None = None
     tensor_core_max_rows: int = 0
+    triton_max_rows: int = 0
 
     @property
     def small_bytes(self) -> int:
@@ -281,6 +283,8 @@ class Weight:
             return ops.linear_swiglu(x, self.small, self.l2_keep)
         if self._on_tensor_cores(x, swiglu=True):
             return ops.tensor_core_linear_swiglu(x, self.small)
+        if self._on_triton(x, swiglu=True):
+            return ops.triton_linear_swiglu(x, self.dense)
         gate_up = self._gemm(x)
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
@@ -329,6 +333,9 @@ class Weight:
     def _on_tensor_cores(self, x: Tensor, swiglu: bool = False) -> bool:
         return x.shape[0] <= self.tensor_core_max_rows and ops.tensor_core_linear_suits(x, self.small, swiglu)
 
+    def _on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
+        return x.shape[0] <= self.triton_max_rows and ops.triton_linear_suits(x, self.dense, swiglu)
+
     def _fp8_rows(self, x: Tensor) -> bool:
         return self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows and self._dense_rows(x)
 
@@ -337,6 +344,8 @@ class Weight:
             return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
         if self._on_tensor_cores(x):
             return ops.tensor_core_linear(x, self.small, bias)
+        if bias is None and self._on_triton(x):
+            return ops.triton_linear(x, self.dense)
         return F.linear(x, self.dense, bias)
 
 
@@ -369,7 +378,8 @@ def _l2_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
 
 
-def _prepare(weight: Tensor, mode: Mode) -> Weight:
+def _prepare(weight: Tensor, mode: Mode, mlp: bool = False) -> Weight:
+    """`weight` for `mode`; `mlp`: a gate/up or down weight, whose 33-64-row products run on Triton."""
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
     return Weight(
@@ -379,6 +389,7 @@ def _prepare(weight: Tensor, mode: Mode) -> Weight:
         mode.norm_in_gemv,
         mode.fp8_gemm_min_rows,
         tensor_core_max_rows=mode.tensor_core_max_rows,
+        triton_max_rows=mode.triton_mlp_max_rows if mlp else 0,
     )
 
 
@@ -436,8 +447,8 @@ class _Block:
             k_norm=b.k_norm.weight,
             qkv=_prepare(_fuse(q, k, v), mode),
             o=_prepare(b.o_proj.weight, mode),
-            gate_up=_prepare(_fuse(gate, up), mode),
-            down=_prepare(b.down_proj.weight, mode),
+            gate_up=_prepare(_fuse(gate, up), mode, mlp=True),
+            down=_prepare(b.down_proj.weight, mode, mlp=True),
             q_width=q.shape[0],
             kv_width=k.shape[0],
         )

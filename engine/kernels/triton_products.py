@@ -1,0 +1,197 @@
+"""The MLP products of 33 to 64 decode rows as Triton kernels (wgmma on Hopper), where they beat cuBLAS.
+
+Why: at 64 streams the frame's products are cuBLAS kernels with split-K reductions and a `silu_mul` after
+every gate/up product. benchmarks/device/triton_products_ceiling.py timed each of the frame's 64-row products
+both ways on the H200 (benchmarks/results/2026-12-05-run148, cold weights, in a graph): the gate/up products
+with their SwiGLU 18.85 -> 15.98 us (talker) and 8.75 -> 7.66 (predictor), the down products with their
+reduction 12.45 -> 11.18 and 8.21 -> 7.22; the qkv, o and head products lost (+2 to +21%), stay on cuBLAS.
+
+The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation rows its B, so a block owns
+64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
+kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
+swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The down kernel splits k
+over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order (deterministic).
+
+Only imported where Triton is (ops.py guards it); the torch references are `reference.linear` and
+`reference.linear_swiglu`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BLOCK_WEIGHT_ROWS = 64
+BLOCK_ACTIVATION_ROWS = 64  # every activation row in one block: at most this many rows
+BLOCK_K = 128
+STAGES = 4
+DOWN_SPLITS = 4
+REDUCE_BLOCK = 1024
+
+
+@triton.jit
+def _to_bf16(x):  # type: ignore[no-untyped-def]
+    """float32 to bf16, rounded to nearest even as torch rounds (named: Triton's interpreter truncates)."""
+    return x.to(tl.bfloat16, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _bf16(x):  # type: ignore[no-untyped-def]
+    """Round float32 to bf16 and back: one rounding as a bf16 tensor op makes it."""
+    return _to_bf16(x).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_kernel(  # type: ignore[no-untyped-def]
+    w_ptr,
+    x_ptr,
+    out_ptr,
+    rows,
+    width,
+    k,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out [rows, width] = silu(x @ gate^T) * (x @ up^T) for w = [gate; up] [2 * width, k]: a block's gate
+    rows and the up rows `width` further, against every activation row."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    gate_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
+    x_ptrs = x_ptr + offs_n[None, :] * k + offs_k[:, None]
+    row_mask = offs_n[None, :] < rows
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(0, k, BLOCK_K):
+        x = tl.load(x_ptrs, mask=row_mask, other=0.0)
+        gate = tl.dot(tl.load(gate_ptrs), x, gate)
+        up = tl.dot(tl.load(gate_ptrs + width * k), x, up)
+        gate_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    gate = _bf16(gate)
+    silu = _bf16(gate / (1.0 + tl.exp(-gate)))
+    out = _to_bf16(silu * _bf16(up))
+    tl.store(out_ptr + offs_n[None, :] * width + offs_m[:, None], out, mask=row_mask)
+
+
+@triton.jit
+def _split_kernel(  # type: ignore[no-untyped-def]
+    w_ptr,
+    x_ptr,
+    partial_ptr,
+    rows,
+    m_out,
+    k,
+    k_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """partial [split, BLOCK_N, m_out] (float32) = the block's weight rows against every activation row over
+    k [split * k_split, + k_split)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(1)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = split * k_split + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
+    x_ptrs = x_ptr + offs_n[None, :] * k + offs_k[:, None]
+    row_mask = offs_n[None, :] < rows
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(0, k_split, BLOCK_K):
+        acc = tl.dot(tl.load(w_ptrs), tl.load(x_ptrs, mask=row_mask, other=0.0), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    tl.store(partial_ptr + (split * BLOCK_N + offs_n[None, :]) * m_out + offs_m[:, None], acc, mask=row_mask)
+
+
+@triton.jit
+def _reduce_kernel(  # type: ignore[no-untyped-def]
+    partial_ptr,
+    out_ptr,
+    m_out,
+    SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """out [rows, m_out] = the splits' partial sums added in split order, rounded once to bf16."""
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < m_out
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in tl.static_range(SPLITS):
+        acc += tl.load(partial_ptr + (split * BLOCK_N + row) * m_out + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * m_out + offs, _to_bf16(acc), mask=mask)
+
+
+def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
+    """Whether the kernels take these operands: a Hopper (or later) GPU, bf16 x [1..64, k] and weight [m, k],
+    both contiguous, k a multiple of the blocks' k (times `DOWN_SPLITS` for a plain product) and m of 64
+    weight rows (of 128 for [gate; up])."""
+    if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype == torch.bfloat16):
+        return False
+    if x.dim() != 2 or weight.dim() != 2 or not (x.is_contiguous() and weight.is_contiguous()):
+        return False
+    if torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    rows, k = x.shape
+    m_out = weight.shape[0]
+    k_unit = BLOCK_K if swiglu else BLOCK_K * DOWN_SPLITS
+    m_unit = 2 * BLOCK_WEIGHT_ROWS if swiglu else BLOCK_WEIGHT_ROWS
+    shapes_fit = weight.shape[1] == k and k % k_unit == 0 and m_out % m_unit == 0
+    return 1 <= rows <= BLOCK_ACTIVATION_ROWS and shapes_fit
+
+
+def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up]: [rows, m / 2], one kernel."""
+    rows, k = x.shape
+    width = gate_up.shape[0] // 2
+    out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
+    _swiglu_kernel[(width // BLOCK_WEIGHT_ROWS,)](
+        gate_up,
+        x,
+        out,
+        rows,
+        width,
+        k,
+        BLOCK_M=BLOCK_WEIGHT_ROWS,
+        BLOCK_N=BLOCK_ACTIVATION_ROWS,
+        BLOCK_K=BLOCK_K,
+        num_warps=4,
+        num_stages=STAGES,
+    )
+    return out
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks, then their sums added in order."""
+    rows, k = x.shape
+    m_out = weight.shape[0]
+    partial = torch.empty(DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
+    _split_kernel[(m_out // BLOCK_WEIGHT_ROWS, DOWN_SPLITS)](
+        weight,
+        x,
+        partial,
+        rows,
+        m_out,
+        k,
+        k // DOWN_SPLITS,
+        BLOCK_M=BLOCK_WEIGHT_ROWS,
+        BLOCK_N=BLOCK_ACTIVATION_ROWS,
+        BLOCK_K=BLOCK_K,
+        num_warps=4,
+        num_stages=STAGES,
+    )
+    out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
+    _reduce_kernel[(rows, triton.cdiv(m_out, REDUCE_BLOCK))](
+        partial,
+        out,
+        m_out,
+        SPLITS=DOWN_SPLITS,
+        BLOCK_N=BLOCK_ACTIVATION_ROWS,
+        BLOCK=REDUCE_BLOCK,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,96 @@
+"""The Triton MLP products (engine/kernels/triton_products.py) against their torch references, and the
+frame's routing of its 33-64-row MLP products to them.
+
+Tolerances:
+- triton_linear: linear's (relative L2 <= 5e-3 to the reference: the fp32 sums of the same products in
+  another order, one bf16 rounding), and the same bits call to call (the splits are added in order).
+- triton_linear_swiglu: relative L2 <= 1e-2 to reference.linear_swiglu (tensor_core_linear_swiglu's), and
+  silu_mul's roundings: within two bf16 ulps of silu_mul of the float32 products rounded to bf16, >= 95% of
+  elements identical (only the products' fp32 summation order differs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen3_tts_native.engine.kernels import ops, reference
+from qwen3_tts_native.engine.runtime import graphs
+from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
+
+BF16 = torch.bfloat16
+DOWN_SHAPES = [(3072, 1024), (6144, 2048)]  # (k, m): the predictor's and the talker's down projections
+GATE_UP_SHAPES = [(1024, 3072), (2048, 6144)]  # (k, intermediate)
+
+
+@pytest.fixture(scope="module")
+def hopper() -> None:
+    """A Hopper GPU, where the engine expects Triton: its absence there is a failure, not a skip."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Triton products need a Hopper (sm_90) or later GPU")
+    assert ops.triton_products is not None, "Triton did not import: the MLP products fall back to cuBLAS"
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("n", [1, 33, 64])
+@pytest.mark.parametrize("k,m", DOWN_SHAPES)
+def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+    assert ops.triton_linear_suits(x, w)
+    out = ops.triton_linear(x, w)
+    assert out.shape == (n, m) and not torch.isnan(out.float()).any()
+    assert rel(out, reference.linear(x, w)) <= 5e-3
+    assert torch.equal(ops.triton_linear(x, w), out)
+
+
+@pytest.mark.parametrize("n", [1, 33, 64])
+@pytest.mark.parametrize("k,intermediate", GATE_UP_SHAPES)
+def test_triton_linear_swiglu(hopper: None, n: int, k: int, intermediate: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(n * 3 + k)
+    x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(2 * intermediate, k, generator=g, device="cuda") / k**0.5 * 3).to(BF16)
+    assert ops.triton_linear_suits(x, w, swiglu=True)
+    out = ops.triton_linear_swiglu(x, w)
+    assert out.shape == (n, intermediate) and not torch.isnan(out.float()).any()
+    assert rel(out, reference.linear_swiglu(x, w)) <= 1e-2
+    products = (x.float() @ w.float().T).to(BF16)
+    rounded = reference.silu_mul(products[:, :intermediate], products[:, intermediate:])
+    apart = (out.view(torch.int16).int() - rounded.view(torch.int16).int()).abs()
+    assert int(apart.max()) <= 2 and float((apart == 0).float().mean()) >= 0.95
+
+
+def test_what_the_kernels_take(hopper: None) -> None:
+    """1 to 64 contiguous bf16 rows of the MLP's shapes; not 65 rows, fp8 codes or a k the splits cannot
+    divide (those stay on cuBLAS)."""
+    x64 = torch.zeros(64, 3072, device="cuda", dtype=BF16)
+    down = torch.zeros(1024, 3072, device="cuda", dtype=BF16)
+    assert ops.triton_linear_suits(x64, down)
+    assert not ops.triton_linear_suits(torch.zeros(65, 3072, device="cuda", dtype=BF16), down)
+    assert not ops.triton_linear_suits(x64, reference.quantize_weight(down, "fp8").data)
+    odd = torch.zeros(1024, 3000, device="cuda", dtype=BF16)
+    assert not ops.triton_linear_suits(torch.zeros(64, 3000, device="cuda", dtype=BF16), odd)
+
+
+@pytest.mark.parametrize("mode", [EXACT, FAST], ids=["exact", "fast"])
+def test_the_frames_mlp_products_of_33_to_64_rows_run_on_triton(hopper: None, mode: Mode) -> None:
+    """A block's gate/up and down `Weight`s give rows above `tensor_core_max_rows`, up to
+    `triton_mlp_max_rows`, to the Triton kernels (bit for bit their output), and its other weights do not."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+
+    def weight(m: int, k: int) -> torch.Tensor:
+        return (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+
+    gate_up = graphs._prepare(weight(6144, 1024), mode, mlp=True)
+    down = graphs._prepare(weight(1024, 3072), mode, mlp=True)
+    o = graphs._prepare(weight(1024, 2048), mode)
+    for n in (33, 64):
+        x = torch.randn(n, 1024, generator=g, device="cuda").to(BF16)
+        assert torch.equal(gate_up.swiglu(x), ops.triton_linear_swiglu(x, gate_up.dense))
+        h = torch.randn(n, 3072, generator=g, device="cuda").to(BF16)
+        assert torch.equal(down(h), ops.triton_linear(h, down.dense))
+        assert not o._on_triton(torch.randn(n, 2048, device="cuda").to(BF16))
