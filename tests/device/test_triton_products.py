@@ -5,8 +5,9 @@ Tolerances:
 - triton_linear: linear's (relative L2 <= 5e-3 to the reference: the fp32 sums of the same products in
   another order, one bf16 rounding), and the same bits call to call (the splits are added in order).
 - triton_linear_swiglu: relative L2 <= 1e-2 to reference.linear_swiglu (tensor_core_linear_swiglu's), and
-  silu_mul's roundings: within two bf16 ulps of silu_mul of the float32 products rounded to bf16, >= 95% of
-  elements identical (only the products' fp32 summation order differs).
+  silu_mul's roundings: >= 95% of elements identical to silu_mul of the float32 products rounded to bf16 (only
+  the products' fp32 summation order differs), all within two bf16 ulps of it (of 1% of the output's RMS at
+  least: see the test).
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ def test_triton_linear_swiglu(hopper: None, n: int, k: int, intermediate: int) -
     assert out.shape == (n, intermediate) and not torch.isnan(out.float()).any()
     assert rel(out, reference.linear_swiglu(x, w)) <= 1e-2
     products = (x.float() @ w.float().T).to(BF16)
-    rounded = reference.silu_mul(products[:, :intermediate], products[:, intermediate:])
-    apart = (out.view(torch.int16).int() - rounded.view(torch.int16).int()).abs()
-    assert int(apart.max()) <= 2 and float((apart == 0).float().mean()) >= 0.95
+    rounded = reference.silu_mul(products[:, :intermediate], products[:, intermediate:]).float()
+    identical = float((out.float() == rounded).float().mean())
+    assert identical >= 0.95, identical
+    # Two bf16 ulps (2^-6 relative), of at least 1% of the output's RMS: where a gate product nearly cancels,
+    # its fp32 sum order moves its bf16 rounding by many ulps of a tiny value (run 149: 158 at 64 rows).
+    floor = 1e-2 * rounded.square().mean().sqrt()
+    assert bool(((out.float() - rounded).abs() <= 2**-6 * torch.maximum(rounded.abs(), floor)).all())
 
 
 def test_what_the_kernels_take(hopper: None) -> None:
