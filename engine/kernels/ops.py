@@ -819,12 +819,13 @@ def triton_linear(x: Tensor, weight: Tensor, arrivals: Tensor | None = None) -> 
 
 
 def triton_arrival_counters(weight: Tensor) -> Tensor | None:
-    """The zeroed counters `triton_linear` keeps with `weight` (a CUDA bf16 weight whose rows fill its tiles);
-    None where the kernel cannot run (no Triton, or another weight)."""
-    tile = triton_products.BLOCK_WEIGHT_ROWS if triton_products is not None else 0
-    if not tile or not weight.is_cuda or weight.shape[0] % tile:
+    """The zeroed counters `triton_linear` keeps with `weight`, a CUDA weight whose rows fill the kernel's
+    tiles; None without Triton or for a weight of other rows."""
+    if triton_products is None or not weight.is_cuda:
         return None
-    return triton_products.arrival_counters(weight.shape[0] // tile, weight.device)
+    if weight.shape[0] % triton_products.BLOCK_WEIGHT_ROWS:
+        return None
+    return triton_products.arrival_counters(weight)
 
 
 def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:

@@ -168,12 +168,11 @@ def linear(x: Tensor, weight: Tensor, arrivals: Tensor | None = None) -> Tensor:
     a weight's products that share them must not run concurrently. New zeros when not given."""
     rows, k = x.shape
     m_out = weight.shape[0]
-    tiles = m_out // BLOCK_WEIGHT_ROWS
     if arrivals is None:
-        arrivals = arrival_counters(tiles, x.device)
+        arrivals = arrival_counters(weight)
     partial = torch.empty(DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
     out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
-    _split_kernel[(tiles, DOWN_SPLITS)](
+    _split_kernel[(m_out // BLOCK_WEIGHT_ROWS, DOWN_SPLITS)](
         weight,
         x,
         partial,
@@ -193,7 +192,7 @@ def linear(x: Tensor, weight: Tensor, arrivals: Tensor | None = None) -> Tensor:
     return out
 
 
-def arrival_counters(tiles: int, device: torch.device) -> Tensor:
-    """The zeroed counters `linear` needs, one a tile: kept with a weight, so that a captured graph's product
-    needs no memset node."""
-    return torch.zeros(tiles, device=device, dtype=torch.int32)
+def arrival_counters(weight: Tensor) -> Tensor:
+    """The zeroed counters `linear` needs for `weight`, one a tile of its rows: kept with the weight, so that
+    a captured graph's product needs no memset node."""
+    return torch.zeros(weight.shape[0] // BLOCK_WEIGHT_ROWS, device=weight.device, dtype=torch.int32)

@@ -113,11 +113,11 @@ def swiglu_deviation_bound(x: torch.Tensor, w: torch.Tensor, products: torch.Ten
     summed = products.float()
     moved = k * 2.0**-24 * magnitudes + 2.0**-7 * summed.abs()
     gate, up = summed[:, :intermediate], summed[:, intermediate:]
-    out = torch.nn.functional.silu(gate) * up
+    silu = torch.nn.functional.silu(gate)
     return (
         1.1 * up.abs() * moved[:, :intermediate]
-        + torch.nn.functional.silu(gate).abs() * moved[:, intermediate:]
-        + 2.0**-6 * out.abs()
+        + silu.abs() * moved[:, intermediate:]
+        + 2.0**-6 * (silu * up).abs()
         + 1e-30
     )
 
