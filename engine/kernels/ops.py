@@ -55,7 +55,6 @@ __all__ = [
     "tensor_core_linear",
     "tensor_core_linear_suits",
     "tensor_core_linear_swiglu",
-    "triton_arrival_counters",
     "triton_linear",
     "triton_linear_suits",
     "triton_linear_swiglu",
@@ -808,24 +807,13 @@ def triton_linear_suits(x: Tensor, weight: Tensor, swiglu: bool = False) -> bool
     return triton_products is not None and triton_products.suits(x, weight, swiglu)
 
 
-def triton_linear(x: Tensor, weight: Tensor, arrivals: Tensor | None = None) -> Tensor:
+def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
     """`linear` of up to 64 rows with k split over four blocks and their sums added in order, where Triton's
-    wgmma beats cuBLAS (the MLP's down products; triton_products says why). `arrivals`: the weight's zeroed
-    counters (`triton_arrival_counters`), so that a captured product needs no memset. Kernel tolerance vs
-    the reference: `linear`'s (the fp32 sums of the same products in another order)."""
+    wgmma beats cuBLAS (the MLP's down products; triton_products says why). Kernel tolerance vs the
+    reference: `linear`'s (the fp32 sums of the same products in another order)."""
     if not triton_linear_suits(x, weight):
         return reference.linear(x, weight)
-    return triton_products.linear(x, weight, arrivals)
-
-
-def triton_arrival_counters(weight: Tensor) -> Tensor | None:
-    """The zeroed counters `triton_linear` keeps with `weight`, a CUDA weight whose rows fill the kernel's
-    tiles; None without Triton or for a weight of other rows."""
-    if triton_products is None or not weight.is_cuda:
-        return None
-    if weight.shape[0] % triton_products.BLOCK_WEIGHT_ROWS:
-        return None
-    return triton_products.arrival_counters(weight)
+    return triton_products.linear(x, weight)
 
 
 def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:

@@ -10,8 +10,9 @@ The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation
 64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
 kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
 swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The down kernel splits k
-over `DOWN_SPLITS` blocks whose float32 partial sums the last of them to finish adds in split order
-(deterministic; no second kernel).
+over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order (deterministic).
+Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
+the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
 Only imported where Triton is (ops.py guards it); the torch references are `reference.linear` and
 `reference.linear_swiglu`.
@@ -29,6 +30,7 @@ BLOCK_ACTIVATION_ROWS = 64  # every activation row in one block: at most this ma
 BLOCK_K = 128
 STAGES = 4
 DOWN_SPLITS = 4
+REDUCE_BLOCK = 1024
 
 
 @triton.jit
@@ -82,25 +84,18 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     w_ptr,
     x_ptr,
     partial_ptr,
-    out_ptr,
-    arrivals_ptr,
     rows,
     m_out,
     k,
     k_split,
-    SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out [rows, m_out] = x @ w^T: block (tile, split) sums the tile's 64 weight rows against every
-    activation row over k [split * k_split, + k_split) into partial [split, BLOCK_N, m_out] (float32); the
-    tile's last block to arrive (arrivals_ptr[tile] counts them; it resets the count to zero) adds the SPLITS
-    partial sums in split order and rounds once to bf16. The barrier and the counter's release/acquire make
-    every block's partial visible to that last block (CUTLASS's semaphore pattern)."""
-    tile = tl.program_id(0)
+    """partial [split, BLOCK_N, m_out] (float32) = the block's weight rows against every activation row over
+    k [split * k_split, + k_split)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = split * k_split + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
@@ -111,16 +106,26 @@ def _split_kernel(  # type: ignore[no-untyped-def]
         acc = tl.dot(tl.load(w_ptrs), tl.load(x_ptrs, mask=row_mask, other=0.0), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    tile_ptrs = partial_ptr + offs_n[None, :] * m_out + offs_m[:, None]
-    tl.store(tile_ptrs + split * BLOCK_N * m_out, acc, mask=row_mask)
-    tl.debug_barrier()
-    if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for earlier in tl.static_range(SPLITS):
-            earlier_ptrs = tile_ptrs + earlier * BLOCK_N * m_out
-            total += tl.load(earlier_ptrs, mask=row_mask, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + offs_n[None, :] * m_out + offs_m[:, None], _to_bf16(total), mask=row_mask)
-        tl.atomic_xchg(arrivals_ptr + tile, 0, sem="relaxed", scope="gpu")
+    tl.store(partial_ptr + (split * BLOCK_N + offs_n[None, :]) * m_out + offs_m[:, None], acc, mask=row_mask)
+
+
+@triton.jit
+def _reduce_kernel(  # type: ignore[no-untyped-def]
+    partial_ptr,
+    out_ptr,
+    m_out,
+    SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """out [rows, m_out] = the splits' partial sums added in split order, rounded once to bf16."""
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < m_out
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in tl.static_range(SPLITS):
+        acc += tl.load(partial_ptr + (split * BLOCK_N + row) * m_out + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * m_out + offs, _to_bf16(acc), mask=mask)
 
 
 def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
@@ -162,37 +167,33 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
     return out
 
 
-def linear(x: Tensor, weight: Tensor, arrivals: Tensor | None = None) -> Tensor:
-    """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks whose sums the last of them adds in order.
-    `arrivals`: int32 zeros, one a 64-row tile of the weight (`arrival_counters`), left zero by the kernel;
-    a weight's products that share them must not run concurrently. New zeros when not given."""
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks, then their sums added in order."""
     rows, k = x.shape
     m_out = weight.shape[0]
-    if arrivals is None:
-        arrivals = arrival_counters(weight)
     partial = torch.empty(DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
-    out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
     _split_kernel[(m_out // BLOCK_WEIGHT_ROWS, DOWN_SPLITS)](
         weight,
         x,
         partial,
-        out,
-        arrivals,
         rows,
         m_out,
         k,
         k // DOWN_SPLITS,
-        SPLITS=DOWN_SPLITS,
         BLOCK_M=BLOCK_WEIGHT_ROWS,
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,
         num_warps=4,
         num_stages=STAGES,
     )
+    out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
+    _reduce_kernel[(rows, triton.cdiv(m_out, REDUCE_BLOCK))](
+        partial,
+        out,
+        m_out,
+        SPLITS=DOWN_SPLITS,
+        BLOCK_N=BLOCK_ACTIVATION_ROWS,
+        BLOCK=REDUCE_BLOCK,
+        num_warps=4,
+    )
     return out
-
-
-def arrival_counters(weight: Tensor) -> Tensor:
-    """The zeroed counters `linear` needs for `weight`, one a tile of its rows: kept with the weight, so that
-    a captured graph's product needs no memset node."""
-    return torch.zeros(weight.shape[0] // BLOCK_WEIGHT_ROWS, device=weight.device, dtype=torch.int32)

@@ -247,8 +247,7 @@ class Weight:
     `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), then the Triton
     kernels over `dense` up to `triton_max_rows` rows (set for the MLP's weights: ops.triton_linear), else
     bf16 cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
-    `KernelFrame`'s L2 plan). `triton_arrivals`: the Triton down product's counters, kept with its weight
-    (ops.triton_arrival_counters), so a weight's products run one at a time, as a frame runs them."""
+    `KernelFrame`'s L2 plan)."""
 
     dense: Tensor
     small: Tensor | QuantizedWeight
@@ -258,7 +257,6 @@ class Weight:
     l2_keep: int | None = None
     tensor_core_max_rows: int = 0
     triton_max_rows: int = 0
-    triton_arrivals: Tensor | None = None
 
     @property
     def small_bytes(self) -> int:
@@ -347,7 +345,7 @@ class Weight:
         if self._on_tensor_cores(x):
             return ops.tensor_core_linear(x, self.small, bias)
         if bias is None and self._on_triton(x):
-            return ops.triton_linear(x, self.dense, self.triton_arrivals)
+            return ops.triton_linear(x, self.dense)
         return F.linear(x, self.dense, bias)
 
 
@@ -392,7 +390,6 @@ def _prepare(weight: Tensor, mode: Mode, mlp: bool = False) -> Weight:
         mode.fp8_gemm_min_rows,
         tensor_core_max_rows=mode.tensor_core_max_rows,
         triton_max_rows=mode.triton_mlp_max_rows if mlp else 0,
-        triton_arrivals=ops.triton_arrival_counters(dense) if mlp and mode.triton_mlp_max_rows else None,
     )
 
 
