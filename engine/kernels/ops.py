@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..runtime import sampling
 from . import loader, reference
-from .reference import QuantizedRows, QuantizedWeight, SnakeBetaParameters
+from .reference import QuantizedRows, QuantizedWeight, SnakeBetaParameters, SplitSums
 
 try:
     from . import triton_products
@@ -26,8 +26,10 @@ __all__ = [
     "DrawRecord",
     "QuantizedRows",
     "QuantizedWeight",
+    "SplitSums",
     "add_rms_norm_",
     "add_rms_norm_fp8_",
+    "added",
     "codec_window_attention",
     "conv_to_one_channel",
     "decode_attention",
@@ -56,6 +58,7 @@ __all__ = [
     "tensor_core_linear_suits",
     "tensor_core_linear_swiglu",
     "triton_linear",
+    "triton_linear_split_sums",
     "triton_linear_suits",
     "triton_linear_swiglu",
     "unfold_columns",
@@ -108,10 +111,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def add_rms_norm_(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor | None = None
+    x: Tensor | SplitSums, residual: Tensor, weight: Tensor, eps: float, out: Tensor | None = None
 ) -> Tensor:
     """residual <- residual + x in place; returns rms_norm(residual). One pass over both in the kernel. `out`:
-    where the norm is written ([rows, hidden], such as every second row of a buffer), not a new tensor."""
+    where the norm is written ([rows, hidden], such as every second row of a buffer), not a new tensor. x may
+    be a product's unadded split sums (`SplitSums`): the kernel adds them as `added` would, bit for bit."""
+    if isinstance(x, SplitSums):
+        return _add_split_sums_rms_norm_(x, residual, weight, eps, out)
     ext = _ext(x, residual, weight)
     rows, res = (_rows(x), _rows(residual)) if ext is not None else (None, None)
     if out is not None and out.shape[-1] != x.shape[-1]:
@@ -129,6 +135,43 @@ def add_rms_norm_(
     target = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out is None else out
     ext.rms_norm(target, rows, res, weight, eps)
     return target.view(x.shape) if out is None else out
+
+
+SPLIT_SUMS_SPLITS = 4
+"""The split count the add-RMSNorm kernel adds (norm.cu's kSplitSums: triton_products.DOWN_SPLITS)."""
+
+
+def _add_split_sums_rms_norm_(
+    sums: SplitSums, residual: Tensor, weight: Tensor, eps: float, out: Tensor | None
+) -> Tensor:
+    """`add_rms_norm_` of split sums: one kernel reads the partial sums where `added` would be a kernel
+    before the norm's (run 153: 98 reduce kernels of 1.5 us a 64-row frame)."""
+    ext = _ext(residual, weight)
+    res = _rows(residual) if ext is not None else None
+    partials = sums.partials
+    if (
+        ext is None
+        or res is None
+        or res.shape[0] != sums.rows
+        or not (partials.is_cuda and partials.dtype == torch.float32 and partials.is_contiguous())
+        or partials.shape[0] != SPLIT_SUMS_SPLITS
+        or residual.shape[-1] % 8
+        or not (out is None or _unit_rows(out))
+    ):
+        return add_rms_norm_(added(sums), residual, weight, eps, out)
+    target = torch.empty(res.shape, dtype=residual.dtype, device=residual.device) if out is None else out
+    ext.rms_norm_split_sums(target, partials, res, weight, eps)
+    return target.view(residual.shape) if out is None else out
+
+
+def added(delta: Tensor | SplitSums) -> Tensor:
+    """A product as a tensor: `delta` itself, or its split sums added in split order and rounded once
+    (Triton's reduce kernel on the GPU, else reference.added; the same bits)."""
+    if isinstance(delta, Tensor):
+        return delta
+    if triton_products is not None and delta.partials.is_cuda:
+        return triton_products.added(delta.partials, delta.rows)
+    return reference.added(delta)
 
 
 HELD_ROW_MAX_COLS = 8192
@@ -814,6 +857,15 @@ def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
     if not triton_linear_suits(x, weight):
         return reference.linear(x, weight)
     return triton_products.linear(x, weight)
+
+
+def triton_linear_split_sums(x: Tensor, weight: Tensor) -> Tensor | SplitSums:
+    """`triton_linear` with its split sums left unadded (`SplitSums`) for `add_rms_norm_` to add: for a
+    product that only feeds the residual stream (the MLP's down products), one kernel fewer. Where Triton does
+    not run these operands, the product itself (`triton_linear`'s fallback)."""
+    if not triton_linear_suits(x, weight):
+        return reference.linear(x, weight)
+    return SplitSums(triton_products.split_sums(x, weight), x.shape[0])
 
 
 def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:

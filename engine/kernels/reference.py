@@ -45,6 +45,16 @@ class QuantizedRows(NamedTuple):
     scale: Tensor
 
 
+class SplitSums(NamedTuple):
+    """A product's float32 partial sums over k, not yet added: partials [splits, >= rows, m], row r of split s
+    at [s, r]. The kernel that reads the product adds them in split order from zero and rounds once to bf16
+    (`added`), as the product's own reduce kernel would have: `ops.add_rms_norm_` takes them, so a product
+    that only feeds the residual stream needs no reduce kernel of its own."""
+
+    partials: Tensor
+    rows: int
+
+
 class SnakeBetaParameters(NamedTuple):
     """`snake_beta`'s per-channel parameters [C] (and the bias added first, if any), for a kernel that applies
     SnakeBeta(x + bias) to x's samples as it reads them (`unfold_columns(snake=)`)."""
@@ -98,6 +108,14 @@ def fp8_linear(x: Tensor | QuantizedRows, weight: QuantizedWeight, bias: Tensor 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return layers.rms_norm(x, weight, eps)
+
+
+def added(sums: SplitSums) -> Tensor:
+    """The product `sums` holds: its partial sums added in split order from zero, rounded once to bf16."""
+    total = torch.zeros(sums.rows, sums.partials.shape[-1], dtype=torch.float32, device=sums.partials.device)
+    for partial in sums.partials:
+        total += partial[: sums.rows]
+    return total.to(torch.bfloat16)
 
 
 def add_rms_norm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -10,9 +10,11 @@ The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation
 64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
 kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
 swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The down kernel splits k
-over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order (deterministic).
-Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
-the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
+over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order (deterministic): the
+reduce kernel here (`added`), or, where the product's output is only added to the residual stream before an
+RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums). Letting each tile's last block
+to finish add them instead (a counter per tile, no second kernel) was slower: the 64-row frame 5.38 -> 5.46 ms
+on an H100 (benchmarks/results/2026-12-06-run151).
 
 Only imported where Triton is (ops.py guards it); the torch references are `reference.linear` and
 `reference.linear_swiglu`.
@@ -169,6 +171,12 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks, then their sums added in order."""
+    return added(split_sums(x, weight), x.shape[0])
+
+
+def split_sums(x: Tensor, weight: Tensor) -> Tensor:
+    """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, 64, m]: split s over k [s k / DOWN_SPLITS,
+    + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
     rows, k = x.shape
     m_out = weight.shape[0]
     partial = torch.empty(DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
@@ -186,13 +194,19 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
         num_warps=4,
         num_stages=STAGES,
     )
-    out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
+    return partial
+
+
+def added(partial: Tensor, rows: int) -> Tensor:
+    """The first `rows` rows of `split_sums`' partial sums added in split order, rounded once: [rows, m]."""
+    splits, _, m_out = partial.shape
+    out = torch.empty(rows, m_out, device=partial.device, dtype=torch.bfloat16)
     _reduce_kernel[(rows, triton.cdiv(m_out, REDUCE_BLOCK))](
         partial,
         out,
         m_out,
-        SPLITS=DOWN_SPLITS,
-        BLOCK_N=BLOCK_ACTIVATION_ROWS,
+        SPLITS=splits,
+        BLOCK_N=partial.shape[1],
         BLOCK=REDUCE_BLOCK,
         num_warps=4,
     )

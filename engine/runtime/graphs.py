@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import ops
-from ..kernels.reference import QuantizedRows, QuantizedWeight, quantize_weight
+from ..kernels.reference import QuantizedRows, QuantizedWeight, SplitSums, quantize_weight
 from ..model.layers import KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
@@ -289,8 +289,16 @@ class Weight:
         width = gate_up.shape[1] // 2
         return ops.silu_mul(gate_up[:, :width], gate_up[:, width:])
 
+    def residual_delta(self, x: Tensor | QuantizedRows) -> Tensor | SplitSums:
+        """This weight's product where only the next residual add reads it (`after_rms_norm`'s delta,
+        `ops.add_rms_norm_`): on Triton its split sums unadded (`ops.SplitSums`), which the add-RMSNorm kernel
+        adds, one kernel fewer a product; elsewhere the product."""
+        if isinstance(x, Tensor) and self._dense_rows(x) and self._gemm_on_triton(x):
+            return ops.triton_linear_split_sums(x, self.dense)
+        return self(x)
+
     def after_rms_norm(
-        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float
+        self, x: Tensor, delta: Tensor | SplitSums | None, norm_weight: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
         """(this weight's product with rms_norm(s) * norm_weight, s), s = x + delta (x when delta is None): a
         block's residual add, its RMSNorm and the projection after it.
@@ -298,21 +306,25 @@ class Weight:
         On the GEMV path one kernel whose blocks norm their input (ops.rms_norm_linear; s is a new tensor).
         On cuBLAS the add-RMSNorm kernel updates x in place (s is x), then the product."""
         if self.norm_in_gemv and not self._dense_rows(x):
-            return ops.rms_norm_linear(x, norm_weight, eps, self.small, delta=delta, l2_keep=self.l2_keep)
+            gemv_delta = None if delta is None else ops.added(delta)
+            return ops.rms_norm_linear(
+                x, norm_weight, eps, self.small, delta=gemv_delta, l2_keep=self.l2_keep
+            )
         return self(self._normed(x, delta, norm_weight, eps)), x
 
     def swiglu_after_rms_norm(
-        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float
+        self, x: Tensor, delta: Tensor | SplitSums | None, norm_weight: Tensor, eps: float
     ) -> tuple[Tensor | QuantizedRows, Tensor]:
         """`after_rms_norm` for a gate/up weight: the SwiGLU (`swiglu`) of the normed rows."""
         if self.norm_in_gemv and not self._dense_rows(x):
+            gemv_delta = None if delta is None else ops.added(delta)
             return ops.rms_norm_linear(
-                x, norm_weight, eps, self.small, delta=delta, swiglu=True, l2_keep=self.l2_keep
+                x, norm_weight, eps, self.small, delta=gemv_delta, swiglu=True, l2_keep=self.l2_keep
             )
         return self.swiglu(self._normed(x, delta, norm_weight, eps)), x
 
     def _normed(
-        self, x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float
+        self, x: Tensor, delta: Tensor | SplitSums | None, norm_weight: Tensor, eps: float
     ) -> Tensor | QuantizedRows:
         """rms_norm(x + delta) * norm_weight with x updated in place, quantized in the norm's kernel where
         this weight's product runs fp8: the activations' quantization took 4.4 of a 64-session prefill's
@@ -320,7 +332,7 @@ class Weight:
         if self._fp8_rows(x):
             if delta is None:
                 return ops.rms_norm_fp8(x, norm_weight, eps)
-            return ops.add_rms_norm_fp8_(delta, x, norm_weight, eps)
+            return ops.add_rms_norm_fp8_(ops.added(delta), x, norm_weight, eps)
         return (
             ops.rms_norm(x, norm_weight, eps)
             if delta is None
@@ -336,6 +348,10 @@ class Weight:
     def _on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
         return x.shape[0] <= self.triton_max_rows and ops.triton_linear_suits(x, self.dense, swiglu)
 
+    def _gemm_on_triton(self, x: Tensor, bias: Tensor | None = None) -> bool:
+        """Whether `_gemm` runs x on Triton."""
+        return bias is None and not self._fp8_rows(x) and not self._on_tensor_cores(x) and self._on_triton(x)
+
     def _fp8_rows(self, x: Tensor) -> bool:
         return self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows and self._dense_rows(x)
 
@@ -344,7 +360,7 @@ class Weight:
             return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
         if self._on_tensor_cores(x):
             return ops.tensor_core_linear(x, self.small, bias)
-        if bias is None and self._on_triton(x):
+        if self._gemm_on_triton(x, bias):
             return ops.triton_linear(x, self.dense)
         return F.linear(x, self.dense, bias)
 
@@ -480,18 +496,20 @@ def _run_blocks(
     distinct_slots: bool,
     span: int | None = None,
     sequences: PromptSequences | None = None,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor | SplitSums]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
 
-    Returns (residual, delta): the last block's residual stream and its MLP output, whose add and final
-    RMSNorm are left to the caller (`ops.add_rms_norm_`, or the head's `Weight.after_rms_norm`). Each
-    residual add is fused into the next RMSNorm, and on the GEMV path that into the qkv or gate/up
-    projection after it (the residual stream then moves to new tensors instead). `distinct_slots`: no two
-    rows write the same cache slot, and `span` bounds lengths (see `ops.rope_attention`). With `sequences`
-    (a packed prompt pass) the attention is `PromptSequences.attend`.
+    Returns (residual, delta): the last block's residual stream and its MLP output (its split sums where the
+    down product ran on Triton: `Weight.residual_delta`), whose add and final RMSNorm are left to the caller
+    (`ops.add_rms_norm_`, or the head's `Weight.after_rms_norm`). Each residual add is fused into the next
+    RMSNorm, and on the GEMV path that into the qkv or gate/up projection after it (the residual stream then
+    moves to new tensors instead). `distinct_slots`: no two rows write the same cache slot, and `span` bounds
+    lengths (see `ops.rope_attention`). With `sequences` (a packed prompt pass) the attention is
+    `PromptSequences.attend`.
     """
-    residual, delta = x, None
+    residual = x
+    delta: Tensor | SplitSums | None = None
     for index, blk in enumerate(blocks):
         qkv, residual = blk.qkv.after_rms_norm(residual, delta, blk.input_norm, eps)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
@@ -525,7 +543,7 @@ def _run_blocks(
                 span=span,
             )
         mlp, residual = blk.gate_up.swiglu_after_rms_norm(residual, blk.o(attended), blk.post_norm, eps)
-        delta = blk.down(mlp)
+        delta = blk.down.residual_delta(mlp)
     assert delta is not None
     return residual, delta
 

@@ -4,6 +4,8 @@ Tolerances, per op:
 - silu_mul: bit-identical (same fp32 expression and bf16 roundings as ATen).
 - rms_norm, add_rms_norm_ (residual exact), qk_norm_rope_cache (v exact): at most 1 bf16 ulp apart
   (only the fp32 sum of squares is reduced in another order), and >= 99% of elements identical.
+  add_rms_norm_ of split sums: bit-identical to add_rms_norm_ of the sums added (reference.added), residual
+  included (the kernel adds them in the same order with the same rounding, then runs the same norm).
 - decode_attention: judged against float64 attention over the same bf16 inputs, not against the bf16
   reference: the reference rounds scores and probabilities to bf16, and at 2048 keys that alone costs it
   ~1.5e-2 relative L2 (first device run), while the kernel keeps both in fp32 and rounds once, at the
@@ -86,6 +88,28 @@ def test_rms_norm(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyp
     r_pair = residual.clone()
     ops.add_rms_norm_(x, r_pair, w, 1e-6, out=pair[:, 0])
     assert torch.equal(pair[:, 0], out) and torch.equal(r_pair, r_kernel)
+    assert not pair[:, 1].any()
+
+
+@pytest.mark.parametrize("rows,hidden", [(64, 2048), (33, 1024), (1, 2048)])
+def test_add_rms_norm_of_split_sums(ext, rows: int, hidden: int) -> None:  # type: ignore[no-untyped-def]
+    """The norm kernel's split-sums form (a Triton down product's partials, unadded) against the same kernel
+    given those sums added: the same bits, into a new tensor and into every second row of a buffer."""
+    torch.manual_seed(rows + hidden)
+    partials = torch.randn(4, 64, hidden, device="cuda") * 2
+    partials[:, rows:] = float("nan")  # rows past `rows` are not the product's: never read
+    sums = ops.SplitSums(partials, rows)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(BF16)
+    residual = (torch.randn(rows, hidden, device="cuda") * 3).to(BF16)
+    r_sums, r_added = residual.clone(), residual.clone()
+    out = ops.add_rms_norm_(sums, r_sums, w, 1e-6)
+    expected = ops.add_rms_norm_(reference.added(sums), r_added, w, 1e-6)
+    assert torch.equal(r_sums, r_added)
+    assert torch.equal(out, expected)
+    pair = torch.zeros(rows, 2, hidden, device="cuda", dtype=BF16)
+    r_pair = residual.clone()
+    ops.add_rms_norm_(sums, r_pair, w, 1e-6, out=pair[:, 0])
+    assert torch.equal(pair[:, 0], expected) and torch.equal(r_pair, r_added)
     assert not pair[:, 1].any()
 
 

@@ -4,6 +4,8 @@ frame's routing of its 33-64-row MLP products to them.
 Tolerances:
 - triton_linear: linear's (relative L2 <= 5e-3 to the reference: the fp32 sums of the same products in
   another order, one bf16 rounding), and the same bits call to call (the splits are added in order).
+- triton_linear_split_sums: its sums added (`ops.added`, Triton's reduce kernel) bit-identical to
+  triton_linear and to reference.added, and add_rms_norm_ of them to add_rms_norm_ of triton_linear.
 - triton_linear_swiglu: relative L2 <= 1e-2 to reference.linear_swiglu (tensor_core_linear_swiglu's), and
   silu_mul's roundings: >= 95% of elements identical to silu_mul of the float32 products rounded to bf16 (only
   the products' fp32 summation order differs), all within the deviation that order can cause
@@ -47,6 +49,27 @@ def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
     assert out.shape == (n, m) and not torch.isnan(out.float()).any()
     assert rel(out, reference.linear(x, w)) <= 5e-3
     assert torch.equal(ops.triton_linear(x, w), out)
+
+
+@pytest.mark.parametrize("n", [33, 64])
+@pytest.mark.parametrize("k,m", DOWN_SHAPES)
+def test_triton_linear_split_sums_added_by_the_norm(hopper: None, n: int, k: int, m: int) -> None:
+    """The down product's split sums, left for the add-RMSNorm after it: the same product and the same norm,
+    bit for bit, as the product reduced by its own kernel."""
+    g = torch.Generator(device="cuda").manual_seed(3 * n + k)
+    x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+    sums = ops.triton_linear_split_sums(x, w)
+    assert isinstance(sums, ops.SplitSums) and sums.rows == n
+    product = ops.triton_linear(x, w)
+    assert torch.equal(ops.added(sums), product)
+    assert torch.equal(reference.added(sums), product)
+    norm_weight = (1 + 0.1 * torch.randn(m, generator=g, device="cuda")).to(BF16)
+    residual = torch.randn(n, m, generator=g, device="cuda").to(BF16)
+    r_sums, r_product = residual.clone(), residual.clone()
+    normed = ops.add_rms_norm_(sums, r_sums, norm_weight, 1e-6)
+    assert torch.equal(normed, ops.add_rms_norm_(product, r_product, norm_weight, 1e-6))
+    assert torch.equal(r_sums, r_product)
 
 
 @pytest.mark.parametrize("n", [1, 33, 64])
@@ -118,4 +141,8 @@ def test_the_frames_mlp_products_of_33_to_64_rows_run_on_triton(hopper: None, mo
         assert torch.equal(gate_up.swiglu(x), ops.triton_linear_swiglu(x, gate_up.dense))
         h = torch.randn(n, 3072, generator=g, device="cuda").to(BF16)
         assert torch.equal(down(h), ops.triton_linear(h, down.dense))
+        delta = down.residual_delta(h)
+        assert isinstance(delta, ops.SplitSums) and torch.equal(ops.added(delta), down(h))
         assert not o._on_triton(torch.randn(n, 2048, device="cuda").to(BF16))
+    below = torch.randn(mode.tensor_core_max_rows, 3072, generator=g, device="cuda").to(BF16)
+    assert isinstance(down.residual_delta(below), torch.Tensor)

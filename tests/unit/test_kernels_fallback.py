@@ -54,6 +54,27 @@ def test_norms_rope_swiglu_fall_back_exactly() -> None:
     assert not pair[:, 1].any()
 
 
+def test_split_sums_are_added_in_split_order_then_normed() -> None:
+    """A product's unadded split sums (`ops.SplitSums`, rows past `rows` ignored) through `add_rms_norm_`: off
+    CUDA the partials added in split order from zero and rounded once to bf16 (`ops.added`), then the
+    add-RMSNorm of that product, residual updated in place, `out` written where asked."""
+    g = torch.Generator().manual_seed(5)
+    partials = torch.randn(4, 8, 64, generator=g) * 4
+    sums = ops.SplitSums(partials, 3)
+    product = (((partials[0, :3] + partials[1, :3]) + partials[2, :3]) + partials[3, :3]).to(torch.bfloat16)
+    assert torch.equal(ops.added(sums), product)
+    w = (1 + 0.1 * torch.randn(64, generator=g)).to(torch.bfloat16)
+    residual = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    r_sums, r_product = residual.clone(), residual.clone()
+    expected = ops.add_rms_norm_(product, r_product, w, 1e-6)
+    assert torch.equal(ops.add_rms_norm_(sums, r_sums, w, 1e-6), expected)
+    assert torch.equal(r_sums, r_product) and not torch.equal(r_sums, residual)
+    pair = torch.zeros(3, 2, 64, dtype=torch.bfloat16)
+    r_pair = residual.clone()
+    ops.add_rms_norm_(sums, r_pair, w, 1e-6, out=pair[:, 0])
+    assert torch.equal(pair[:, 0], expected) and torch.equal(r_pair, r_product) and not pair[:, 1].any()
+
+
 def test_samplers_record_their_draws_in_the_rows_slots() -> None:
     """`ops.DrawRecord`: the cb0 draw sets its bit of each row's slot history and writes its embedding where
     it is told; the last draw copies each row's codes to its slot's last frame. The scratch slot (3) is shared

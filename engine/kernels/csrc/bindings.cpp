@@ -64,6 +64,26 @@ void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, 
      "rms_norm");
 }
 
+void rms_norm_split_sums(at::Tensor out, at::Tensor partials, at::Tensor residual, at::Tensor weight, double eps) {
+  check(partials, "partials", at::kFloat);
+  check(residual, "residual", at::kBFloat16);
+  check(weight, "weight", at::kBFloat16);
+  check(out, "out", at::kBFloat16);
+  check_rows(residual, "residual");
+  check_rows(out, "out");
+  const int64_t hidden = residual.size(1);
+  TORCH_CHECK(partials.dim() == 3 && partials.is_contiguous() && partials.size(1) >= residual.size(0) &&
+                  partials.size(2) == hidden,
+              "partials must be contiguous [splits, >= rows, hidden]");
+  TORCH_CHECK(out.sizes() == residual.sizes(), "out must be residual's shape");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == hidden, "weight must be [hidden]");
+  const c10::cuda::CUDAGuard guard(residual.device());
+  ok(q3tts::rms_norm_split_sums(out.data_ptr(), partials.data_ptr<float>(), partials.size(0), partials.stride(0),
+                                residual.data_ptr(), weight.data_ptr(), residual.size(0), hidden, residual.stride(0),
+                                out.stride(0), static_cast<float>(eps), stream()),
+     "rms_norm_split_sums");
+}
+
 void rms_norm_fp8(at::Tensor codes, at::Tensor scale, at::Tensor x, c10::optional<at::Tensor> residual,
                   at::Tensor weight, double eps) {
   void* res = check_norm_inputs(x, residual, weight);
@@ -710,6 +730,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "qwen3-tts-native CUDA kernels";
   m.def("rms_norm", &rms_norm);
   m.def("rms_norm_fp8", &rms_norm_fp8);
+  m.def("rms_norm_split_sums", &rms_norm_split_sums);
   m.def("qk_norm_rope_cache", &qk_norm_rope_cache);
   m.def("decode_attention_workspace", &decode_attention_workspace);
   m.def("decode_attention", &decode_attention);

@@ -1,5 +1,8 @@
 // Fused (residual add +) RMSNorm, one block per row, 16-byte vectors held in registers between passes. The
-// fp8 form quantizes the normed row for the fp8 GEMM after it (fp8.cuh) instead of writing it as bf16.
+// fp8 form quantizes the normed row for the fp8 GEMM after it (fp8.cuh) instead of writing it as bf16. The
+// split-sums form reads the added value as the float32 partial sums of a product split over k
+// (triton_products' down product) and adds them in split order, rounded once, as that product's own reduce
+// kernel would: the reduce's kernel and its bf16 round trip are saved.
 #include "fp8.cuh"
 #include "launch.cuh"
 #include "launchers.h"
@@ -9,13 +12,37 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxVecPerThread = 4;  // hidden <= 256 * 8 * 4 = 8192
+constexpr int kSplitSums = 4;        // triton_products.DOWN_SPLITS
+
+// Vector idx (8 columns) of a row of `splits` float32 partial sums `split_stride` elements apart, added in
+// split order from zero and rounded once to bf16.
+template <int kSplits>
+__device__ __forceinline__ Bf16x8 summed_splits(const float* __restrict__ row, int idx, int64_t split_stride) {
+  float acc[8] = {};
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) {
+    const float4* v = reinterpret_cast<const float4*>(row + s * split_stride) + 2 * idx;
+    const float4 lo = v[0], hi = v[1];
+    const float parts[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += parts[j];
+  }
+  Bf16x8 out;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out.v[j] = to_bf(acc[j]);
+  return out;
+}
 
 // kFp8: `out` is e4m3 codes [rows, hidden] (contiguous; out_stride unused) and `scale` gets each row's scale.
-template <bool kResidual, bool kFp8>
+// kSplits > 0: the added rows are `partials` (row r at r * hidden, splits split_stride apart; x unused).
+template <bool kResidual, bool kFp8, int kSplits>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(void* __restrict__ out, float* __restrict__ scale,
                                                             const bf16* __restrict__ x, bf16* __restrict__ residual,
                                                             const bf16* __restrict__ weight, int hidden,
-                                                            int x_stride, int out_stride, float eps) {
+                                                            int x_stride, int out_stride, float eps,
+                                                            const float* __restrict__ partials,
+                                                            int64_t split_stride) {
+  static_assert(kSplits == 0 || kResidual, "split sums are added to a residual");
   begin_dependent_kernel();
   __shared__ float scratch[32];
   const int row = blockIdx.x;
@@ -28,7 +55,12 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(void* __restrict__ o
   for (int i = 0; i < kMaxVecPerThread; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     if (idx < vecs) {
-      Bf16x8 a = xv[idx];
+      Bf16x8 a;
+      if constexpr (kSplits > 0) {
+        a = summed_splits<kSplits>(partials + static_cast<int64_t>(row) * hidden, idx, split_stride);
+      } else {
+        a = xv[idx];
+      }
       if (kResidual) {
         const Bf16x8 r = rv[idx];
 #pragma unroll
@@ -80,13 +112,13 @@ template <bool kFp8>
 void launch_rms_norm(void* out, float* scale, const void* x, void* residual, const void* weight, int rows,
                      int hidden, int x_stride, int out_stride, float eps, cudaStream_t stream) {
   if (residual != nullptr) {
-    launch_kernel(rms_norm_kernel<true, kFp8>, dim3(rows), dim3(kThreads), stream, out, scale,
+    launch_kernel(rms_norm_kernel<true, kFp8, 0>, dim3(rows), dim3(kThreads), stream, out, scale,
                   static_cast<const bf16*>(x), static_cast<bf16*>(residual), static_cast<const bf16*>(weight), hidden,
-                  x_stride, out_stride, eps);
+                  x_stride, out_stride, eps, nullptr, int64_t{0});
   } else {
-    launch_kernel(rms_norm_kernel<false, kFp8>, dim3(rows), dim3(kThreads), stream, out, scale,
+    launch_kernel(rms_norm_kernel<false, kFp8, 0>, dim3(rows), dim3(kThreads), stream, out, scale,
                   static_cast<const bf16*>(x), nullptr, static_cast<const bf16*>(weight), hidden, x_stride,
-                  out_stride, eps);
+                  out_stride, eps, nullptr, int64_t{0});
   }
 }
 
@@ -105,6 +137,18 @@ cudaError_t rms_norm_fp8(void* codes, float* scale, const void* x, void* residua
   if (hidden % 8 != 0 || hidden > kThreads * 8 * kMaxVecPerThread) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   launch_rms_norm<true>(codes, scale, x, residual, weight, rows, hidden, x_stride, hidden, eps, stream);
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm_split_sums(void* out, const float* partials, int splits, int64_t split_stride, void* residual,
+                                const void* weight, int rows, int hidden, int residual_stride, int out_stride,
+                                float eps, cudaStream_t stream) {
+  if (hidden % 8 != 0 || hidden > kThreads * 8 * kMaxVecPerThread) return cudaErrorInvalidValue;
+  if (splits != kSplitSums || split_stride % 4 != 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  launch_kernel(rms_norm_kernel<true, false, kSplitSums>, dim3(rows), dim3(kThreads), stream, out, nullptr, nullptr,
+                static_cast<bf16*>(residual), static_cast<const bf16*>(weight), hidden, residual_stride, out_stride,
+                eps, partials, split_stride);
   return cudaGetLastError();
 }
 
