@@ -348,9 +348,10 @@ class Weight:
     def _on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
         return x.shape[0] <= self.triton_max_rows and ops.triton_linear_suits(x, self.dense, swiglu)
 
-    def _gemm_on_triton(self, x: Tensor, bias: Tensor | None = None) -> bool:
-        """Whether `_gemm` runs x on Triton."""
-        return bias is None and not self._fp8_rows(x) and not self._on_tensor_cores(x) and self._on_triton(x)
+    def _gemm_on_triton(self, x: Tensor) -> bool:
+        """Whether `_gemm` runs x (without a bias) on Triton: after its fp8 and tensor-core branches. The row
+        bound first, so other weights and larger passes skip the tensor-core kernel's plan."""
+        return self._on_triton(x) and not self._fp8_rows(x) and not self._on_tensor_cores(x)
 
     def _fp8_rows(self, x: Tensor) -> bool:
         return self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows and self._dense_rows(x)
@@ -360,7 +361,7 @@ class Weight:
             return ops.fp8_linear(x, cast(QuantizedWeight, self.small), bias)
         if self._on_tensor_cores(x):
             return ops.tensor_core_linear(x, self.small, bias)
-        if self._gemm_on_triton(x, bias):
+        if bias is None and self._on_triton(x):
             return ops.triton_linear(x, self.dense)
         return F.linear(x, self.dense, bias)
 
