@@ -1,5 +1,5 @@
-"""A/B, in one process, of the MLP's 33-64-row products on Triton (`Mode.triton_mlp_max_rows`, 64) against
-bf16 cuBLAS with `silu_mul` and split-K reductions (0), in each mode.
+"""A/B, in one process, of the 33-64-row products on Triton (the MLP's and o: `Mode.triton_max_rows`, 64)
+against bf16 cuBLAS with `silu_mul` and split-K reductions (0), in each mode.
 
 Why: run 148 (triton_products_ceiling.py) timed the gate/up and down products alone faster on Triton at 64
 rows, ~0.27 ms of a 5.1 ms 64-stream frame in all; a product's time alone does not carry to the frame (run
@@ -35,7 +35,7 @@ def main() -> int:
     result = modes_result()
     for mode_name in args.modes:
         mode = resolve_mode(mode_name)
-        variants = {"cublas": replace(mode, triton_mlp_max_rows=0), "triton": mode}
+        variants = {"cublas": replace(mode, triton_max_rows=0), "triton": mode}
         engines = {name: load_timing_engine(timing_model, variant, 64) for name, variant in variants.items()}
         for engine in engines.values():
             run_concurrent(engine, 64, LOCKSTEP_FRAMES, 60)  # warm: every bucket's graphs, the allocator

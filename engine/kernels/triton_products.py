@@ -1,20 +1,22 @@
-"""The MLP products of 33 to 64 decode rows as Triton kernels (wgmma on Hopper), where they beat cuBLAS.
+"""The MLP and o products of 33 to 64 decode rows as Triton kernels (wgmma on Hopper), where they beat cuBLAS.
 
 Why: at 64 streams the frame's products are cuBLAS kernels with split-K reductions and a `silu_mul` after
 every gate/up product. benchmarks/device/triton_products_ceiling.py timed each of the frame's 64-row products
 both ways on the H200 (benchmarks/results/2026-12-05-run148, cold weights, in a graph): the gate/up products
 with their SwiGLU 18.85 -> 15.98 us (talker) and 8.75 -> 7.66 (predictor), the down products with their
-reduction 12.45 -> 11.18 and 8.21 -> 7.22; the qkv, o and head products lost (+2 to +21%), stay on cuBLAS.
+reduction 12.45 -> 11.18 and 8.21 -> 7.22; the qkv, o and head products lost (+2 to +21%). The o products
+(6.60 -> 7.18 talker, 6.08 -> 6.50 predictor) lost with their own reduce kernel, which they do not need: their
+split sums go to the add-RMSNorm kernel as the down products' do. qkv and the heads stay on cuBLAS.
 
 The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation rows its B, so a block owns
 64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
 kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
-swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The down kernel splits k
-over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order (deterministic): the
-reduce kernel here (`added`), or, where the product's output is only added to the residual stream before an
-RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums). Letting each tile's last block
-to finish add them instead (a counter per tile, no second kernel) was slower: the 64-row frame 5.38 -> 5.46 ms
-on an H100 (benchmarks/results/2026-12-06-run151).
+swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The plain products' kernel
+(down, o) splits k over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order
+(deterministic): the reduce kernel here (`added`), or, where the product's output is only added to the
+residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums).
+Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
+the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
 Only imported where Triton is (ops.py guards it); the torch references are `reference.linear` and
 `reference.linear_swiglu`.

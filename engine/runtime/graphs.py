@@ -245,8 +245,9 @@ class Weight:
     Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
     is then fp8) an fp8 GEMM over `small`; in between, the tensor-core kernel over `small` up to
     `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), then the Triton
-    kernels over `dense` up to `triton_max_rows` rows (set for the MLP's weights: ops.triton_linear), else
-    bf16 cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
+    kernels over `dense` up to `triton_max_rows` rows (set for the MLP's and the o weights: ops.triton_linear;
+    `residual_delta` for down and o, whose products only feed the residual add), else bf16 cuBLAS over
+    `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
     `KernelFrame`'s L2 plan)."""
 
     dense: Tensor
@@ -395,8 +396,9 @@ def _l2_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
 
 
-def _prepare(weight: Tensor, mode: Mode, mlp: bool = False) -> Weight:
-    """`weight` for `mode`; `mlp`: a gate/up or down weight, whose 33-64-row products run on Triton."""
+def _prepare(weight: Tensor, mode: Mode, triton: bool = False) -> Weight:
+    """`weight` for `mode`; `triton`: a gate/up, down or o weight, whose 33-64-row products run on Triton
+    (`Mode.triton_max_rows`)."""
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
     return Weight(
@@ -406,7 +408,7 @@ def _prepare(weight: Tensor, mode: Mode, mlp: bool = False) -> Weight:
         mode.norm_in_gemv,
         mode.fp8_gemm_min_rows,
         tensor_core_max_rows=mode.tensor_core_max_rows,
-        triton_max_rows=mode.triton_mlp_max_rows if mlp else 0,
+        triton_max_rows=mode.triton_max_rows if triton else 0,
     )
 
 
@@ -463,9 +465,9 @@ class _Block:
             q_norm=b.q_norm.weight,
             k_norm=b.k_norm.weight,
             qkv=_prepare(_fuse(q, k, v), mode),
-            o=_prepare(b.o_proj.weight, mode),
-            gate_up=_prepare(_fuse(gate, up), mode, mlp=True),
-            down=_prepare(b.down_proj.weight, mode, mlp=True),
+            o=_prepare(b.o_proj.weight, mode, triton=True),
+            gate_up=_prepare(_fuse(gate, up), mode, triton=True),
+            down=_prepare(b.down_proj.weight, mode, triton=True),
             q_width=q.shape[0],
             kv_width=k.shape[0],
         )
@@ -543,7 +545,8 @@ def _run_blocks(
                 distinct_slots=distinct_slots,
                 span=span,
             )
-        mlp, residual = blk.gate_up.swiglu_after_rms_norm(residual, blk.o(attended), blk.post_norm, eps)
+        attention_delta = blk.o.residual_delta(attended)
+        mlp, residual = blk.gate_up.swiglu_after_rms_norm(residual, attention_delta, blk.post_norm, eps)
         delta = blk.down.residual_delta(mlp)
     assert delta is not None
     return residual, delta

@@ -125,24 +125,27 @@ def test_what_the_kernels_take(hopper: None) -> None:
 
 
 @pytest.mark.parametrize("mode", [EXACT, FAST], ids=["exact", "fast"])
-def test_the_frames_mlp_products_of_33_to_64_rows_run_on_triton(hopper: None, mode: Mode) -> None:
-    """A block's gate/up and down `Weight`s give rows above `tensor_core_max_rows`, up to
-    `triton_mlp_max_rows`, to the Triton kernels (bit for bit their output), and its other weights do not."""
+def test_the_frames_products_of_33_to_64_rows_run_on_triton(hopper: None, mode: Mode) -> None:
+    """A block's gate/up, down and o `Weight`s give rows above `tensor_core_max_rows`, up to
+    `triton_max_rows`, to the Triton kernels (bit for bit their output; down and o as split sums), and its
+    qkv weight does not."""
     g = torch.Generator(device="cuda").manual_seed(7)
 
     def weight(m: int, k: int) -> torch.Tensor:
         return (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
 
-    gate_up = graphs._prepare(weight(6144, 1024), mode, mlp=True)
-    down = graphs._prepare(weight(1024, 3072), mode, mlp=True)
-    o = graphs._prepare(weight(1024, 2048), mode)
+    gate_up = graphs._prepare(weight(6144, 1024), mode, triton=True)
+    down = graphs._prepare(weight(1024, 3072), mode, triton=True)
+    o = graphs._prepare(weight(1024, 2048), mode, triton=True)
+    qkv = graphs._prepare(weight(4096, 1024), mode)
     for n in (33, 64):
         x = torch.randn(n, 1024, generator=g, device="cuda").to(BF16)
         assert torch.equal(gate_up.swiglu(x), ops.triton_linear_swiglu(x, gate_up.dense))
-        h = torch.randn(n, 3072, generator=g, device="cuda").to(BF16)
-        assert torch.equal(down(h), ops.triton_linear(h, down.dense))
-        delta = down.residual_delta(h)
-        assert isinstance(delta, ops.SplitSums) and torch.equal(ops.added(delta), down(h))
-        assert not o._on_triton(torch.randn(n, 2048, device="cuda").to(BF16))
+        assert not qkv._on_triton(x)
+        for product, k in ((down, 3072), (o, 2048)):
+            h = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+            assert torch.equal(product(h), ops.triton_linear(h, product.dense))
+            delta = product.residual_delta(h)
+            assert isinstance(delta, ops.SplitSums) and torch.equal(ops.added(delta), product(h))
     below = torch.randn(mode.tensor_core_max_rows, 3072, generator=g, device="cuda").to(BF16)
     assert isinstance(down.residual_delta(below), torch.Tensor)
