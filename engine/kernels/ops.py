@@ -137,8 +137,8 @@ def add_rms_norm_(
     return target.view(x.shape) if out is None else out
 
 
-SPLIT_SUMS_SPLITS = (4, 8)
-"""The split counts the add-RMSNorm kernel adds (norm.cu's: triton_products.split_count's)."""
+SPLIT_SUMS_SPLITS = 4
+"""The split count the add-RMSNorm kernel adds (norm.cu's kSplitSums: triton_products.DOWN_SPLITS)."""
 
 
 def _add_split_sums_rms_norm_(
@@ -154,7 +154,7 @@ def _add_split_sums_rms_norm_(
         or res is None
         or res.shape[0] != sums.rows
         or not (partials.is_cuda and partials.dtype == torch.float32 and partials.is_contiguous())
-        or partials.shape[0] not in SPLIT_SUMS_SPLITS
+        or partials.shape[0] != SPLIT_SUMS_SPLITS
         or residual.shape[-1] % 8
         or not (out is None or _unit_rows(out))
     ):
@@ -851,7 +851,7 @@ def triton_linear_suits(x: Tensor, weight: Tensor, swiglu: bool = False) -> bool
 
 
 def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """`linear` of up to 64 rows with k split over 4 or 8 blocks and their sums added in order, where Triton's
+    """`linear` of up to 64 rows with k split over four blocks and their sums added in order, where Triton's
     wgmma beats cuBLAS (the MLP's down products, and the o products as split sums; triton_products says why).
     Kernel tolerance vs the reference: `linear`'s (the fp32 sums of the same products in another order)."""
     if not triton_linear_suits(x, weight):

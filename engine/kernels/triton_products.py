@@ -12,7 +12,7 @@ The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation
 64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
 kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
 swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The plain products' kernel
-(down, o) splits k over `split_count` blocks whose float32 partial sums a second kernel adds in split order
+(down, o) splits k over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order
 (deterministic): the reduce kernel here (`added`), or, where the product's output is only added to the
 residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums).
 Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
@@ -33,17 +33,8 @@ BLOCK_WEIGHT_ROWS = 64
 BLOCK_ACTIVATION_ROWS = 64  # every activation row in one block: at most this many rows
 BLOCK_K = 128
 STAGES = 4
-SPLITS = 4
-NARROW_SPLITS = 8
-NARROW_MAX_TILES = 16
+DOWN_SPLITS = 4
 REDUCE_BLOCK = 1024
-
-
-def split_count(m_out: int) -> int:
-    """How many k splits a plain product of `m_out` weight rows takes: `SPLITS`, or `NARROW_SPLITS` where it
-    has at most `NARROW_MAX_TILES` tiles of 64 weight rows (the predictor's 1024-row down and o products),
-    whose grid would otherwise be 64 blocks, half of an H100's or H200's 132 SMs."""
-    return NARROW_SPLITS if m_out // BLOCK_WEIGHT_ROWS <= NARROW_MAX_TILES else SPLITS
 
 
 @triton.jit
@@ -143,7 +134,7 @@ def _reduce_kernel(  # type: ignore[no-untyped-def]
 
 def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
     """Whether the kernels take these operands: a Hopper (or later) GPU, bf16 x [1..64, k] and weight [m, k],
-    both contiguous, k a multiple of the blocks' k (times `split_count` for a plain product) and m of 64
+    both contiguous, k a multiple of the blocks' k (times `DOWN_SPLITS` for a plain product) and m of 64
     weight rows (of 128 for [gate; up])."""
     if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype == torch.bfloat16):
         return False
@@ -153,7 +144,7 @@ def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
         return False
     rows, k = x.shape
     m_out = weight.shape[0]
-    k_unit = BLOCK_K if swiglu else BLOCK_K * split_count(m_out)
+    k_unit = BLOCK_K if swiglu else BLOCK_K * DOWN_SPLITS
     m_unit = 2 * BLOCK_WEIGHT_ROWS if swiglu else BLOCK_WEIGHT_ROWS
     shapes_fit = weight.shape[1] == k and k % k_unit == 0 and m_out % m_unit == 0
     return 1 <= rows <= BLOCK_ACTIVATION_ROWS and shapes_fit
@@ -181,25 +172,24 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x @ weight^T: [rows, m], k split over `split_count` blocks, then their sums added in order."""
+    """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks, then their sums added in order."""
     return added(split_sums(x, weight), x.shape[0])
 
 
 def split_sums(x: Tensor, weight: Tensor) -> Tensor:
-    """The float32 partial sums of x @ weight^T, [S, 64, m] (S = `split_count(m)`): split s over k [s k / S,
-    + k / S), row r of x at [s, r]; rows past x's are left unwritten."""
+    """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, 64, m]: split s over k [s k / DOWN_SPLITS,
+    + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
     rows, k = x.shape
     m_out = weight.shape[0]
-    splits = split_count(m_out)
-    partial = torch.empty(splits, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
-    _split_kernel[(m_out // BLOCK_WEIGHT_ROWS, splits)](
+    partial = torch.empty(DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
+    _split_kernel[(m_out // BLOCK_WEIGHT_ROWS, DOWN_SPLITS)](
         weight,
         x,
         partial,
         rows,
         m_out,
         k,
-        k // splits,
+        k // DOWN_SPLITS,
         BLOCK_M=BLOCK_WEIGHT_ROWS,
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,

@@ -22,8 +22,7 @@ from qwen3_tts_native.engine.runtime import graphs
 from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
 
 BF16 = torch.bfloat16
-# (k, m): the down and o products, the predictor's and the talker's
-PLAIN_SHAPES = [(3072, 1024), (6144, 2048), (2048, 1024), (2048, 2048)]
+DOWN_SHAPES = [(3072, 1024), (6144, 2048)]  # (k, m): the predictor's and the talker's down projections
 GATE_UP_SHAPES = [(1024, 3072), (2048, 6144)]  # (k, intermediate)
 
 
@@ -40,7 +39,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("n", [1, 33, 64])
-@pytest.mark.parametrize("k,m", PLAIN_SHAPES)
+@pytest.mark.parametrize("k,m", DOWN_SHAPES)
 def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
@@ -53,17 +52,15 @@ def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
 
 
 @pytest.mark.parametrize("n", [33, 64])
-@pytest.mark.parametrize("k,m", PLAIN_SHAPES)
+@pytest.mark.parametrize("k,m", DOWN_SHAPES)
 def test_triton_linear_split_sums_added_by_the_norm(hopper: None, n: int, k: int, m: int) -> None:
-    """A down or o product's split sums (8 for the predictor's 1024 rows, 4 for the talker's 2048), left for
-    the add-RMSNorm after it: the same product and the same norm, bit for bit, as the product reduced by
-    its own kernel."""
+    """The down product's split sums, left for the add-RMSNorm after it: the same product and the same norm,
+    bit for bit, as the product reduced by its own kernel."""
     g = torch.Generator(device="cuda").manual_seed(3 * n + k)
     x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
     w = (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
     sums = ops.triton_linear_split_sums(x, w)
     assert isinstance(sums, ops.SplitSums) and sums.rows == n
-    assert sums.partials.shape[0] == (8 if m == 1024 else 4)
     product = ops.triton_linear(x, w)
     assert torch.equal(ops.added(sums), product)
     assert torch.equal(reference.added(sums), product)

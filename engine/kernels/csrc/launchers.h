@@ -15,7 +15,7 @@ cudaError_t rms_norm(void* out, const void* x, void* residual, const void* weigh
                      int x_stride, int out_stride, float eps, cudaStream_t stream);
 
 // `rms_norm` with a residual whose added rows are the float32 partial sums of a product split over k:
-// partials[s * split_stride + r * hidden + c], `splits` of them (4 or 8: triton_products.split_count), added
+// partials[s * split_stride + r * hidden + c], `splits` of them (4 only: triton_products.DOWN_SPLITS), added
 // in split order from zero and rounded once to bf16, as the product's reduce would round them.
 cudaError_t rms_norm_split_sums(void* out, const float* partials, int splits, int64_t split_stride, void* residual,
                                 const void* weight, int rows, int hidden, int residual_stride, int out_stride,

@@ -1,7 +1,7 @@
 // Fused (residual add +) RMSNorm, one block per row, 16-byte vectors held in registers between passes. The
 // fp8 form quantizes the normed row for the fp8 GEMM after it (fp8.cuh) instead of writing it as bf16. The
 // split-sums form reads the added value as the float32 partial sums of a product split over k
-// (triton_products' down and o products) and adds them in split order, rounded once, as that product's own reduce
+// (triton_products' down product) and adds them in split order, rounded once, as that product's own reduce
 // kernel would: the reduce's kernel and its bf16 round trip are saved.
 #include "fp8.cuh"
 #include "launch.cuh"
@@ -12,6 +12,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxVecPerThread = 4;  // hidden <= 256 * 8 * 4 = 8192
+constexpr int kSplitSums = 4;        // triton_products.DOWN_SPLITS
 
 // Vector idx (8 columns) of a row of `splits` float32 partial sums `split_stride` elements apart, added in
 // split order from zero and rounded once to bf16.
@@ -143,11 +144,11 @@ cudaError_t rms_norm_split_sums(void* out, const float* partials, int splits, in
                                 const void* weight, int rows, int hidden, int residual_stride, int out_stride,
                                 float eps, cudaStream_t stream) {
   if (hidden % 8 != 0 || hidden > kThreads * 8 * kMaxVecPerThread) return cudaErrorInvalidValue;
-  if ((splits != 4 && splits != 8) || split_stride % 4 != 0) return cudaErrorInvalidValue;  // split_count's
+  if (splits != kSplitSums || split_stride % 4 != 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  auto* kernel = splits == 4 ? rms_norm_kernel<true, false, 4> : rms_norm_kernel<true, false, 8>;
-  launch_kernel(kernel, dim3(rows), dim3(kThreads), stream, out, nullptr, nullptr, static_cast<bf16*>(residual),
-                static_cast<const bf16*>(weight), hidden, residual_stride, out_stride, eps, partials, split_stride);
+  launch_kernel(rms_norm_kernel<true, false, kSplitSums>, dim3(rows), dim3(kThreads), stream, out, nullptr, nullptr,
+                static_cast<bf16*>(residual), static_cast<const bf16*>(weight), hidden, residual_stride, out_stride,
+                eps, partials, split_stride);
   return cudaGetLastError();
 }
 
