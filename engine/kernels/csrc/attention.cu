@@ -380,31 +380,70 @@ __global__ void __launch_bounds__(W * 32)
   }
 }
 
-// The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
-// work follows the real length, not max_len.
+// Splits whose partials a merge thread loads at once.
+constexpr int kMergeBatch = 8;
+
+// The partials of splits [first, first + kMergeBatch) at one head element: every load is issued before any
+// is used (a loop over the splits waited for each split's max, then branched on it before its next loads:
+// two L2 round trips a split). Splits at or past `live` read as empty (max -inf), which the merge skips.
 template <int D>
-__global__ void attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws, int num_splits,
-                                       const int64_t* __restrict__ lengths, int offset, int q_heads) {
+struct MergeBatch {
+  float m[kMergeBatch];
+  float l[kMergeBatch];
+  float acc[kMergeBatch];
+
+  __device__ __forceinline__ void load(const float* __restrict__ part, int first, int live, int d) {
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      const bool present = first + i < live;
+      const float* split = part + static_cast<int64_t>(first + i) * (D + 2);
+      m[i] = present ? split[D] : -CUDART_INF_F;
+      l[i] = present ? split[D + 1] : 0.0f;
+      acc[i] = present ? split[d] : 0.0f;
+    }
+  }
+};
+
+// The splits a row of `lengths[b] + offset` keys has partials for: pass 1 writes nothing past them, so the
+// work follows the real length, not max_len. One thread a head element (blockDim.x == D). The splits are
+// combined in order, as a plain loop over them would: the same bits.
+template <int D>
+__global__ void __launch_bounds__(D) attention_merge_kernel(bf16* __restrict__ out, const float* __restrict__ ws,
+                                                            int num_splits, const int64_t* __restrict__ lengths,
+                                                            int offset, int q_heads) {
   const int row_head = blockIdx.x;  // b * q_heads + h
   const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;  // before the wait: launch.cuh
   const int live = min(num_splits, (len + kTile - 1) / kTile);
+  const int d = threadIdx.x;
   begin_dependent_kernel();
   const float* part = ws + static_cast<int64_t>(row_head) * num_splits * (D + 2);
+  MergeBatch<D> batch;
+  batch.load(part, 0, live, d);
   float m = -CUDART_INF_F;
-  for (int s = 0; s < live; ++s) m = fmaxf(m, part[s * (D + 2) + D]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    if (m != -CUDART_INF_F) {
-      for (int s = 0; s < live; ++s) {
-        const float ms = part[s * (D + 2) + D];
-        if (ms == -CUDART_INF_F) continue;
-        const float f = expf(ms - m);
-        num = fmaf(part[s * (D + 2) + d], f, num);
-        den = fmaf(part[s * (D + 2) + D + 1], f, den);
-      }
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) m = fmaxf(m, batch.m[i]);
+  for (int first = kMergeBatch; first < live; first += kMergeBatch) {  // contexts past kMergeBatch splits
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      if (first + i < live) m = fmaxf(m, part[static_cast<int64_t>(first + i) * (D + 2) + D]);
     }
-    out[static_cast<int64_t>(row_head) * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
   }
+  float num = 0.0f, den = 0.0f;
+  if (m != -CUDART_INF_F) {
+    for (int first = 0;;) {
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (batch.m[i] == -CUDART_INF_F) continue;
+        const float f = expf(batch.m[i] - m);
+        num = fmaf(batch.acc[i], f, num);
+        den = fmaf(batch.l[i], f, den);
+      }
+      first += kMergeBatch;
+      if (first >= live) break;
+      batch.load(part, first, live, d);
+    }
+  }
+  out[static_cast<int64_t>(row_head) * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
 }
 
 // Pass 2: one block per (row, query head) merges the splits' partials into out.
