@@ -263,10 +263,12 @@ __global__ void __launch_bounds__(W * 32)
                            const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
                            int num_splits, float scale) {
   constexpr int P = D / 64;
-  begin_dependent_kernel();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5;
-  const int len = static_cast<int>(lengths[b]);
+  // Before the wait (launch.cuh): the row's length and slot, so that the cache copies follow it at once.
+  const int len = static_cast<int>(load_before_wait(lengths + b));
+  const int64_t slot = load_before_wait(slots + b);
+  begin_dependent_kernel();
   const int start = split * kTile;
   const int count = min(kTile, len - start);
   const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits, split);
@@ -276,7 +278,7 @@ __global__ void __launch_bounds__(W * 32)
     }
     return;
   }
-  const int64_t key0 = ((slots[b] * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
+  const int64_t key0 = ((slot * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
   __shared__ WarpKeys<P> tiles[W];
   HeadSlice<P> q_heads_raw[G];  // loaded before the copies are issued, as in rope_attention_kernel
 #pragma unroll
@@ -317,13 +319,13 @@ __global__ void __launch_bounds__(W * 32)
   const int warp = threadIdx.x >> 5;
   // Before waiting for the previous kernel (launch.cuh): the row's position and slot, the RoPE table rows and
   // the norm weights, so that only the loads of the new token and of the cache follow the wait.
-  const int pos = static_cast<int>(positions[b]);
+  const int pos = static_cast<int>(load_before_wait(positions + b));
   if (static_cast<int>(blockIdx.x) * kTile > pos) return;  // no split of this block is in the row's length
-  const int64_t slot = slots[b];
-  const HeadSlice<P> cos = load_slice<P>(cos_table + static_cast<int64_t>(pos) * D);
-  const HeadSlice<P> sin = load_slice<P>(sin_table + static_cast<int64_t>(pos) * D);
-  const HeadSlice<P> q_weight = load_slice<P>(q_norm);
-  const HeadSlice<P> k_weight = load_slice<P>(k_norm);
+  const int64_t slot = load_before_wait(slots + b);
+  const HeadSlice<P> cos = load_slice_before_wait<P>(cos_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> sin = load_slice_before_wait<P>(sin_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> q_weight = load_slice_before_wait<P>(q_norm);
+  const HeadSlice<P> k_weight = load_slice_before_wait<P>(k_norm);
   const int64_t warp_keys0 = ((slot * kv_heads + kvh) * max_len + warp * kWarpKeys) * D;
   // The new token's key and value belong to one warp of the block whose splits include the one holding pos.
   const bool holds_fresh = (pos / kTile) % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x) &&
@@ -412,7 +414,7 @@ __global__ void __launch_bounds__(D) attention_merge_kernel(bf16* __restrict__ o
                                                             int num_splits, const int64_t* __restrict__ lengths,
                                                             int offset, int q_heads) {
   const int row_head = blockIdx.x;  // b * q_heads + h
-  const int len = static_cast<int>(lengths[row_head / q_heads]) + offset;  // before the wait: launch.cuh
+  const int len = static_cast<int>(load_before_wait(lengths + row_head / q_heads)) + offset;  // launch.cuh
   const int live = min(num_splits, (len + kTile - 1) / kTile);
   const int d = threadIdx.x;
   begin_dependent_kernel();

@@ -49,6 +49,35 @@ __device__ __forceinline__ void begin_dependent_kernel() {
   allow_next_kernel();
 }
 
+// Loads of data no kernel writes (weights, norm weights, RoPE tables, index inputs: launch.cuh) that a kernel
+// makes before `wait_for_previous_kernel`, so that their round trips overlap the previous kernel. They are
+// coherent loads (ld.global): ptxas moves the wait above non-coherent loads (ld.global.nc, what nvcc makes of
+// a `const __restrict__` pointer's reads) of the same basic block, so such a load written before the wait is
+// issued after it (seen in the SASS of CUDA 13.0); it never moves the wait above a coherent load.
+__device__ __forceinline__ Bf16x8 load_before_wait(const Bf16x8* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return *reinterpret_cast<const Bf16x8*>(&v);
+}
+
+__device__ __forceinline__ float load_before_wait(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ bf16 load_before_wait(const bf16* p) {
+  unsigned short v;
+  asm volatile("ld.global.b16 %0, [%1];" : "=h"(v) : "l"(p));
+  return __ushort_as_bfloat16(v);
+}
+
+__device__ __forceinline__ int64_t load_before_wait(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
 // The shared-memory window address of a pointer into shared memory, as PTX shared-state spaces take it.
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -139,13 +139,23 @@ struct InputNorm {
   float eps;
 };
 
+// The norm weight's vector threadIdx.x (8 columns; zeros past k): for k <= 8 * kWarps * 32 (the model's 1024
+// and 2048) a thread's only one, loaded before the wait so that no load of it follows the block's sum of squares.
+__device__ __forceinline__ Bf16x8 first_norm_weight(const InputNorm& norm, int k) {
+  if (static_cast<int>(threadIdx.x) < k / 8) {
+    return load_before_wait(reinterpret_cast<const Bf16x8*>(norm.weight) + threadIdx.x);
+  }
+  return Bf16x8{};
+}
+
 // RMSNorm(x + delta) * weight of the block's `rows` activation rows (x_stride apart, k wide) into `normed`
 // ([rows, k], shared), rounded as rms_norm_kernel rounds them (norm.cu): s = bf16(x + delta), then
 // bf16(w * bf16(s * rsqrt(mean(s^2) + eps))); only the fp32 sum of squares is added in another order. Block 0
-// also writes s to norm.sum_out. Every thread of the block must call it; it ends with a __syncthreads.
+// also writes s to norm.sum_out. `first_weight` is the weight's vector threadIdx.x (`first_norm_weight`),
+// loaded before the wait. Every thread of the block must call it; it ends with a __syncthreads.
 template <int NT>
 __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__ x, int x_stride, int rows, int k,
-                                          const InputNorm& norm) {
+                                          const InputNorm& norm, const Bf16x8& first_weight) {
   __shared__ float partial[NT][kWarps];
   const int vecs = k / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -181,7 +191,8 @@ __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__
     const float inv = rsqrtf(total / static_cast<float>(k) + norm.eps);
     Bf16x8* row = reinterpret_cast<Bf16x8*>(normed + static_cast<int64_t>(t) * k);
     for (int i = threadIdx.x; i < vecs; i += kWarps * 32) {
-      const Bf16x8 w = reinterpret_cast<const Bf16x8*>(norm.weight)[i];
+      const Bf16x8 w =
+          i == static_cast<int>(threadIdx.x) ? first_weight : reinterpret_cast<const Bf16x8*>(norm.weight)[i];
       Bf16x8 o = row[i];
 #pragma unroll
       for (int j = 0; j < 8; ++j) o.v[j] = to_bf(to_f(w.v[j]) * round_bf(to_f(o.v[j]) * inv));
@@ -193,7 +204,9 @@ __device__ __forceinline__ void norm_rows(bf16* normed, const bf16* __restrict__
 
 // The part every GEMV kernel shares: let the next kernel be scheduled, start this warp's weight rows, wait
 // for the previous kernel, norm the input rows when kNorm, then stream: acc[r][t] for weight rows rows[r]
-// (this warp's `part` of them when S warps share a row; zeros when not `active`).
+// (this warp's `part` of them when S warps share a row; zeros when not `active`). The weight loads are
+// non-coherent (load_weight), which ptxas may move after the wait (common.cuh's load_before_wait); the branch
+// on `active` around them keeps them before it (the SASS of every instance, CUDA 13.0).
 template <WeightKind K, int NT, int R, bool kNorm, int S = 1>
 __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* const (&rows)[R], bool active,
                                           const bf16* __restrict__ x, int rows_here, int k, int x_stride,
@@ -203,6 +216,8 @@ __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* cons
   uint4 raw[R][kUnroll];
   const int chunks = k / Chunk<K>::kElems;
   if (active) load_chunks<R, S>(raw, rows, (threadIdx.x & 31) + 32 * part, chunks, policy);
+  Bf16x8 first_weight{};
+  if constexpr (kNorm) first_weight = first_norm_weight(norm, k);
   wait_for_previous_kernel();
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -212,7 +227,7 @@ __device__ __forceinline__ void gemv_rows(float (&acc)[R][NT], const uint4* cons
   if constexpr (kNorm) {
     static_assert(S == 1, "a normed GEMV keeps one warp per row");
     bf16* normed = reinterpret_cast<bf16*>(shared_bytes);
-    norm_rows<NT>(normed, x, x_stride, rows_here, k, norm);
+    norm_rows<NT>(normed, x, x_stride, rows_here, k, norm, first_weight);
     if (active) accumulate_rows<K, NT, R, true, 1>(acc, raw, rows, normed, rows_here, k, k, 0, policy);
   } else {
     if (active) accumulate_rows<K, NT, R, false, S>(acc, raw, rows, x, rows_here, k, x_stride, part, policy);
@@ -225,8 +240,8 @@ __device__ __forceinline__ const uint4* weight_row(const uint8_t* w, int row, in
   return reinterpret_cast<const uint4*>(w + row * row_bytes);
 }
 
-__device__ __forceinline__ bf16 product(float lane_sum, const float* scale, const bf16* bias, int row) {
-  return scaled(warp_sum(lane_sum), scale, bias, row);
+__device__ __forceinline__ bf16 product(float lane_sum, RowFactors factors) {
+  return scaled(warp_sum(lane_sum), factors);
 }
 
 // S warps to an output row (kWarps / S rows a block): for weights of few, long rows (the o and down
@@ -243,6 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int part = warp % S;
   const bool active = row < m;
   const int rows_here = min(NT, n);
+  const RowFactors factors = row_factors(scale, bias, active ? row : 0);
   const uint4* const rows[1] = {weight_row<K>(w, active ? row : 0, k)};
   float acc[1][NT];
   gemv_rows<K, NT, 1, kNorm, S>(acc, rows, active, x, rows_here, k, x_stride, norm, weight_policy(w, l2), part);
@@ -250,7 +266,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (!active) return;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const bf16 v = product(acc[0][t], scale, bias, row);
+      const bf16 v = product(acc[0][t], factors);
       if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
     }
   } else {
@@ -267,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       float sum = partial[warp][t];
 #pragma unroll
       for (int p = 1; p < S; ++p) sum += partial[warp + p][t];
-      const bf16 v = scaled(sum, scale, bias, row);
+      const bf16 v = scaled(sum, factors);
       if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
     }
   }
@@ -287,13 +303,15 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && K == WeightKind::kBf16
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const bool active = row < m;
   const int rows_here = min(NT, n);
+  const RowFactors gate = row_factors(scale, nullptr, active ? row : 0);
+  const RowFactors up = row_factors(scale, nullptr, active ? m + row : 0);
   const uint4* const rows[2] = {weight_row<K>(w, active ? row : 0, k), weight_row<K>(w, active ? m + row : 0, k)};
   float acc[2][NT];
   gemv_rows<K, NT, 2, kNorm>(acc, rows, active, x, rows_here, k, x_stride, norm, weight_policy(w, l2));
   if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const bf16 v = swiglu_of(product(acc[0][t], scale, nullptr, row), product(acc[1][t], scale, nullptr, m + row));
+    const bf16 v = swiglu_of(product(acc[0][t], gate), product(acc[1][t], up));
     if ((threadIdx.x & 31) == 0 && t < rows_here) y[static_cast<int64_t>(t) * y_stride + row] = v;
   }
 }

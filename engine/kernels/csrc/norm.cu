@@ -43,10 +43,18 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(void* __restrict__ o
                                                             const float* __restrict__ partials,
                                                             int64_t split_stride) {
   static_assert(kSplits == 0 || kResidual, "split sums are added to a residual");
+  const int vecs = hidden / 8;
+  // The norm weight before the wait (launch.cuh): no load of it follows the block's sum of squares.
+  const Bf16x8* wv = reinterpret_cast<const Bf16x8*>(weight);
+  Bf16x8 weights[kMaxVecPerThread];
+#pragma unroll
+  for (int i = 0; i < kMaxVecPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    if (idx < vecs) weights[i] = load_before_wait(wv + idx);
+  }
   begin_dependent_kernel();
   __shared__ float scratch[32];
   const int row = blockIdx.x;
-  const int vecs = hidden / 8;
   const Bf16x8* xv = reinterpret_cast<const Bf16x8*>(x + static_cast<int64_t>(row) * x_stride);
   Bf16x8* rv = kResidual ? reinterpret_cast<Bf16x8*>(residual + static_cast<int64_t>(row) * x_stride) : nullptr;
   Bf16x8 held[kMaxVecPerThread];
@@ -77,14 +85,13 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(void* __restrict__ o
   }
   const float total = block_sum(sum_sq, scratch);
   const float inv = rsqrtf(total / static_cast<float>(hidden) + eps);
-  const Bf16x8* wv = reinterpret_cast<const Bf16x8*>(weight);
   Bf16x8* ov = reinterpret_cast<Bf16x8*>(static_cast<bf16*>(out) + static_cast<int64_t>(row) * out_stride);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxVecPerThread; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     if (idx < vecs) {
-      const Bf16x8 w = wv[idx];
+      const Bf16x8& w = weights[i];
       Bf16x8 o;
 #pragma unroll
       for (int j = 0; j < 8; ++j) o.v[j] = to_bf(to_f(w.v[j]) * round_bf(to_f(held[i].v[j]) * inv));

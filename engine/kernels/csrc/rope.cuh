@@ -31,6 +31,21 @@ __device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row)
   return s;
 }
 
+// load_slice of data no kernel writes (the RoPE tables, the norm weights), issued before the wait
+// (common.cuh's load_before_wait).
+template <int P>
+__device__ __forceinline__ HeadSlice<P> load_slice_before_wait(const bf16* row) {
+  constexpr int H = 32 * P;
+  const int first = (threadIdx.x & 31) * P;
+  HeadSlice<P> s;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    s.lo[j] = load_before_wait(row + first + j);
+    s.hi[j] = load_before_wait(row + H + first + j);
+  }
+  return s;
+}
+
 template <int P>
 __device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSlice<P>& s) {
   constexpr int H = 32 * P;

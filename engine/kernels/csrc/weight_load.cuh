@@ -50,12 +50,28 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
   return v;
 }
 
+// A weight row's scale (8-bit weights' per-row scale, or 1 where `scale` is null) and bias (0 where null).
+// They are weights: a kernel loads them before it waits for the previous kernel (launch.cuh), so that the
+// load's round trip is not added to the kernel's tail after its dot products.
+struct RowFactors {
+  float scale;
+  float bias;
+};
+
+__device__ __forceinline__ RowFactors row_factors(const float* scale, const bf16* bias, int row) {
+  return {scale != nullptr ? load_before_wait(scale + row) : 1.0f,
+          bias != nullptr ? to_f(load_before_wait(bias + row)) : 0.0f};
+}
+
 // A weight row's product as the weight-streaming kernels round it: bf16(sum * scale + bias), sum its fp32 dot
-// product with an activation row (scale: 8-bit weights' per-row scales, or null; bias or null).
+// product with an activation row.
+__device__ __forceinline__ bf16 scaled(float sum, RowFactors factors) {
+  return to_bf(fmaf(sum, factors.scale, factors.bias));
+}
+
+// The same, loading the factors where it is (after the wait: the tensor-core products' epilogue).
 __device__ __forceinline__ bf16 scaled(float sum, const float* scale, const bf16* bias, int row) {
-  const float s = scale != nullptr ? scale[row] : 1.0f;
-  const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
-  return to_bf(fmaf(sum, s, b));
+  return scaled(sum, RowFactors{scale != nullptr ? scale[row] : 1.0f, bias != nullptr ? to_f(bias[row]) : 0.0f});
 }
 
 // SiLU(gate) * up of the two rounded products, with swiglu.cu's expression.

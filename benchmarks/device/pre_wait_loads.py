@@ -1,0 +1,65 @@
+"""Which global loads each CUDA kernel issues before its `griddepcontrol.wait` (SASS `ACQBULK`).
+
+A kernel launched with programmatic dependent launch (engine/kernels/csrc/launch.cuh) may load data no kernel
+writes (weights, norm weights, RoPE tables, index inputs) before it waits for the previous kernel, so that
+those round trips overlap that kernel's tail. ptxas decides where the loads land: it moves the wait above
+non-coherent loads (`ld.global.nc`) of the same basic block, so a load written before the wait can run after
+it (common.cuh's `load_before_wait`). This compiles the extension's sources for sm_90a and counts, in the SASS
+of every kernel, the loads (LDG, LDGSTS, bulk copies) placed before the wait.
+
+Runs on the workstation, no GPU: needs nvcc, and cuobjdump with nvdisasm (PyPI: nvidia-cuda-cuobjdump,
+nvidia-cuda-nvdisasm; unpack the wheels and put their `nvidia/cu13/bin` on PATH).
+
+    python benchmarks/device/pre_wait_loads.py                 # every source
+    python benchmarks/device/pre_wait_loads.py attention norm  # some
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCES = Path(__file__).resolve().parents[2] / "engine" / "kernels" / "csrc"
+INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;")
+LOAD = re.compile(r"\b(LDG|LDGSTS|UBLKCP|UTMALDG)\b")
+NAMESPACE = re.compile(r"_ZN5q3tts\d+_GLOBAL__N__\w+?_cu_[0-9a-f]+\d+")
+
+
+def kernel_loads(cubin: Path) -> dict[str, tuple[int, int]]:
+    """Per kernel that waits: (loads before the wait, loads in all), from the cubin's SASS."""
+    sass = subprocess.run(
+        ["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True
+    ).stdout
+    result: dict[str, tuple[int, int]] = {}
+    for block in re.split(r"\n\s*Function : ", sass)[1:]:
+        name, _, body = block.partition("\n")
+        instructions = [m.group(1) for line in body.splitlines() if (m := INSTRUCTION.match(line))]
+        wait = next((i for i, text in enumerate(instructions) if "ACQBULK" in text), None)
+        if wait is None:
+            continue
+        loads = [i for i, text in enumerate(instructions) if LOAD.search(text)]
+        result[NAMESPACE.sub("", name.strip())] = (sum(1 for i in loads if i < wait), len(loads))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("sources", nargs="*", help="source names under engine/kernels/csrc (default: all)")
+    args = parser.parse_args()
+    names = args.sources or sorted(path.stem for path in SOURCES.glob("*.cu"))
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            cubin = Path(folder) / f"{name}.cubin"
+            command = ["nvcc", "-arch=sm_90a", "-O3", "-std=c++17", "-cubin", "-o", str(cubin)]
+            subprocess.run([*command, str(SOURCES / f"{name}.cu")], check=True)
+            for kernel, (before, total) in sorted(kernel_loads(cubin).items()):
+                print(f"{name:20s} {before:3d} of {total:4d} loads before the wait  {kernel[:100]}")
+
+
+if __name__ == "__main__":
+    main()
