@@ -7,8 +7,9 @@ non-coherent loads (`ld.global.nc`) of the same basic block, so a load written b
 it (common.cuh's `load_before_wait`). This compiles the extension's sources for sm_90a and counts, in the SASS
 of every kernel, the loads (LDG, LDGSTS, bulk copies) placed before the wait.
 
-Runs on the workstation, no GPU: needs nvcc, and cuobjdump with nvdisasm (PyPI: nvidia-cuda-cuobjdump,
-nvidia-cuda-nvdisasm; unpack the wheels and put their `nvidia/cu13/bin` on PATH).
+Runs on the workstation, no GPU: needs nvcc, and cuobjdump with nvdisasm (on PATH, or the PyPI packages
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, which the `dev` extra installs).
+tests/unit/test_pre_wait_loads.py holds every kernel to its count.
 
     python benchmarks/device/pre_wait_loads.py                 # every source
     python benchmarks/device/pre_wait_loads.py attention norm  # some
@@ -17,7 +18,10 @@ nvidia-cuda-nvdisasm; unpack the wheels and put their `nvidia/cu13/bin` on PATH)
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -28,11 +32,33 @@ LOAD = re.compile(r"\b(LDG|LDGSTS|UBLKCP|UTMALDG)\b")
 NAMESPACE = re.compile(r"_ZN5q3tts\d+_GLOBAL__N__\w+?_cu_[0-9a-f]+\d+")
 
 
-def kernel_loads(cubin: Path) -> dict[str, tuple[int, int]]:
+def sass_tools_folder() -> Path | None:
+    """cuobjdump's and nvdisasm's folder: on PATH, else the PyPI packages' (`nvidia/cu*/bin`), else None."""
+    found = shutil.which("cuobjdump")
+    if found is not None and shutil.which("nvdisasm") is not None:
+        return Path(found).parent
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        for folder in sorted(Path(root).glob("cu*/bin")):
+            if (folder / "cuobjdump").exists() and (folder / "nvdisasm").exists():
+                return folder
+    return None
+
+
+def compile_cubin(source: str, folder: Path) -> Path:
+    """engine/kernels/csrc/<source>.cu compiled for sm_90a (the H100/H200 build's target) into folder."""
+    cubin = folder / f"{source}.cubin"
+    command = ["nvcc", "-arch=sm_90a", "-O3", "-std=c++17", "-cubin", "-o", str(cubin)]
+    subprocess.run([*command, str(SOURCES / f"{source}.cu")], check=True, capture_output=True, text=True)
+    return cubin
+
+
+def kernel_loads(cubin: Path, tools: Path) -> dict[str, tuple[int, int]]:
     """Per kernel that waits: (loads before the wait, loads in all), from the cubin's SASS."""
-    sass = subprocess.run(
-        ["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True
-    ).stdout
+    environment = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
+    command = [str(tools / "cuobjdump"), "-sass", str(cubin)]
+    sass = subprocess.run(command, capture_output=True, text=True, check=True, env=environment).stdout
     result: dict[str, tuple[int, int]] = {}
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
         name, _, body = block.partition("\n")
@@ -51,13 +77,17 @@ def main() -> None:
     )
     parser.add_argument("sources", nargs="*", help="source names under engine/kernels/csrc (default: all)")
     args = parser.parse_args()
+    tools = sass_tools_folder()
+    if tools is None or shutil.which("nvcc") is None:
+        parser.exit(
+            1, "needs nvcc, cuobjdump and nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm\n"
+        )
     names = args.sources or sorted(path.stem for path in SOURCES.glob("*.cu"))
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
-            cubin = Path(folder) / f"{name}.cubin"
-            command = ["nvcc", "-arch=sm_90a", "-O3", "-std=c++17", "-cubin", "-o", str(cubin)]
-            subprocess.run([*command, str(SOURCES / f"{name}.cu")], check=True)
-            for kernel, (before, total) in sorted(kernel_loads(cubin).items()):
+            for kernel, (before, total) in sorted(
+                kernel_loads(compile_cubin(name, Path(folder)), tools).items()
+            ):
                 print(f"{name:20s} {before:3d} of {total:4d} loads before the wait  {kernel[:100]}")
 
 

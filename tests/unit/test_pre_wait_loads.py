@@ -1,0 +1,74 @@
+"""The CUDA kernels load their constants before the dependent-launch wait in the SASS nvcc makes, not only in
+the source: ptxas moves the wait above non-coherent loads (common.cuh's `load_before_wait`), and a load that
+lands after the wait adds an L2 round trip to the kernel's dependent chain. Compiles the sources for sm_90a
+on the CPU (about 40 s on 2 cores) and reads the SASS (benchmarks/device/pre_wait_loads.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "pre_wait_loads.py"
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pre_wait_loads", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pre_wait_loads"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOL = load_tool()
+TOOLS = TOOL.sass_tools_folder()
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvcc") is None or TOOLS is None,
+    reason="needs nvcc and cuobjdump/nvdisasm (pip install -e '.[dev]' on x86_64)",
+)
+
+# (source, kernel name pattern): the fewest loads each instance must issue before its wait. The weights'
+# first chunks (4 a weight row), the row's scale and bias, the normed GEMVs' norm weight, the RoPE rows and
+# norm weights (2 or 4 a slice of a head, 4 slices), positions, slots and lengths.
+EXPECTED = {
+    ("gemv", r"gemv_kernelILNS_10WeightKindE\dELi\d+ELb0E"): 6,
+    ("gemv", r"gemv_kernelILNS_10WeightKindE\dELi\d+ELb1E"): 7,
+    ("gemv", r"gemv_swiglu_kernelILNS_10WeightKindE\dELi\d+ELb0E"): 10,
+    ("gemv", r"gemv_swiglu_kernelILNS_10WeightKindE\dELi\d+ELb1E"): 11,
+    ("norm", r"rms_norm_kernel"): 4,
+    ("rope_cache", r"qk_norm_rope_cache_kernelILi1E"): 8,
+    ("rope_cache", r"qk_norm_rope_cache_kernelILi2E"): 14,
+    ("attention", r"rope_attention_kernelILi64E"): 10,
+    ("attention", r"rope_attention_kernelILi128E"): 18,
+    ("attention", r"attention_merge_kernel"): 1,
+    ("attention", r"attention_split_kernel"): 2,
+}
+
+
+@pytest.fixture(scope="module")
+def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[int, int]]]:
+    folder = tmp_path_factory.mktemp("cubins")
+    sources = sorted({source for source, _ in EXPECTED})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cubins = list(pool.map(lambda source: TOOL.compile_cubin(source, folder), sources))
+    return {source: TOOL.kernel_loads(cubin, TOOLS) for source, cubin in zip(sources, cubins, strict=True)}
+
+
+@pytest.mark.parametrize(("source", "pattern"), list(EXPECTED), ids=[p for _, p in EXPECTED])
+def test_constants_load_before_the_wait(
+    loads_by_source: dict[str, dict[str, tuple[int, int]]], source: str, pattern: str
+) -> None:
+    instances = {name: counts for name, counts in loads_by_source[source].items() if re.search(pattern, name)}
+    assert instances, f"no kernel of {source}.cu matches {pattern}"
+    fewest = EXPECTED[(source, pattern)]
+    late = {name: before for name, (before, _) in instances.items() if before < fewest}
+    assert not late, f"loads before the wait, expected at least {fewest}: {late}"
