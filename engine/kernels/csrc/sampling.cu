@@ -179,23 +179,35 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   const float penalty = a.penalty != nullptr ? a.penalty[row] : 1.0f;
   const int ban_extra =
       (a.ban_count != nullptr && a.ban_count[row] < a.ban_below) ? a.ban_token : -1;
+  const bool greedy = a.greedy[row];
 
-  // 1. scores: fp32 logits, repetition penalty, bans. Thread t owns ids [4t, 4t + 4).
+  // 1. scores: fp32 logits, repetition penalty, bans. Thread t owns ids [4t, 4t + 4). Every id's loads are
+  // issued before any is used: with the penalty's and the suppression's branches between them, each id's
+  // loads waited for the previous id's values (about two L2 round trips an id in the SASS).
+  float logit[kPerThread];
+  bool seen_id[kPerThread], suppressed[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = min(tid * kPerThread + j, vocab - 1);  // ids past vocab load the last id's; masked below
+    logit[j] = a.logits_bf16 ? to_f(logits_bf16[i]) : logits[i];
+    seen_id[j] = seen != nullptr && seen[i] != 0;
+    suppressed[j] = a.suppress != nullptr && a.suppress[i] != 0;
+  }
   float s[kPerThread];
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int i = tid * kPerThread + j;
     float x = -CUDART_INF_F;
     if (i < vocab) {
-      x = a.logits_bf16 ? to_f(logits_bf16[i]) : logits[i];
-      if (seen != nullptr && seen[i]) x = x < 0.0f ? x * penalty : x / penalty;
-      if ((a.suppress != nullptr && a.suppress[i]) || i == ban_extra) x = -CUDART_INF_F;
+      x = logit[j];
+      if (seen_id[j]) x = x < 0.0f ? x * penalty : x / penalty;
+      if (suppressed[j] || i == ban_extra) x = -CUDART_INF_F;
     }
     s[j] = x;
   }
 
   int64_t chosen;
-  if (a.greedy[row]) {
+  if (greedy) {
     // 2a. argmax, lowest index on ties.
     float best = -CUDART_INF_F;
     int best_i = vocab;
