@@ -322,10 +322,10 @@ __global__ void __launch_bounds__(W * 32)
   const int pos = static_cast<int>(load_before_wait(positions + b));
   if (static_cast<int>(blockIdx.x) * kTile > pos) return;  // no split of this block is in the row's length
   const int64_t slot = load_before_wait(slots + b);
-  const HeadSlice<P> cos = load_slice_before_wait<P>(cos_table + static_cast<int64_t>(pos) * D);
-  const HeadSlice<P> sin = load_slice_before_wait<P>(sin_table + static_cast<int64_t>(pos) * D);
-  const HeadSlice<P> q_weight = load_slice_before_wait<P>(q_norm);
-  const HeadSlice<P> k_weight = load_slice_before_wait<P>(k_norm);
+  const HeadSlice<P> cos = load_slice<P, kBeforeWait>(cos_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> sin = load_slice<P, kBeforeWait>(sin_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> q_weight = load_slice<P, kBeforeWait>(q_norm);
+  const HeadSlice<P> k_weight = load_slice<P, kBeforeWait>(k_norm);
   const int64_t warp_keys0 = ((slot * kv_heads + kvh) * max_len + warp * kWarpKeys) * D;
   // The new token's key and value belong to one warp of the block whose splits include the one holding pos.
   const bool holds_fresh = (pos / kTile) % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x) &&

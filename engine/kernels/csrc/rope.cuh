@@ -18,33 +18,28 @@ struct HeadSlice {
   __device__ __forceinline__ float at(int e) const { return to_f(e < P ? lo[e] : hi[e - P]); }
 };
 
-template <int P>
+// This lane's slice of a head row. kBeforeWait: data no kernel writes (the RoPE tables, the norm weights),
+// loaded before the wait (common.cuh's load_before_wait).
+template <int P, bool kBeforeWait = false>
 __device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row) {
   constexpr int H = 32 * P;
   const int first = (threadIdx.x & 31) * P;
   HeadSlice<P> s;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    s.lo[j] = row[first + j];
-    s.hi[j] = row[H + first + j];
+    if constexpr (kBeforeWait) {
+      s.lo[j] = load_before_wait(row + first + j);
+      s.hi[j] = load_before_wait(row + H + first + j);
+    } else {
+      s.lo[j] = row[first + j];
+      s.hi[j] = row[H + first + j];
+    }
   }
   return s;
 }
 
-// load_slice of data no kernel writes (the RoPE tables, the norm weights), issued before the wait
-// (common.cuh's load_before_wait).
-template <int P>
-__device__ __forceinline__ HeadSlice<P> load_slice_before_wait(const bf16* row) {
-  constexpr int H = 32 * P;
-  const int first = (threadIdx.x & 31) * P;
-  HeadSlice<P> s;
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    s.lo[j] = load_before_wait(row + first + j);
-    s.hi[j] = load_before_wait(row + H + first + j);
-  }
-  return s;
-}
+// load_slice's kBeforeWait, named at the call.
+constexpr bool kBeforeWait = true;
 
 template <int P>
 __device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSlice<P>& s) {

@@ -30,9 +30,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Before waiting for the previous kernel: the row's position and slot (see launch.cuh) and the constants.
   const int pos = static_cast<int>(load_before_wait(positions + b));
   const int64_t slot = load_before_wait(slots + b);
-  const HeadSlice<P> cos = load_slice_before_wait<P>(cos_table + static_cast<int64_t>(pos) * D);
-  const HeadSlice<P> sin = load_slice_before_wait<P>(sin_table + static_cast<int64_t>(pos) * D);
-  const HeadSlice<P> weight = load_slice_before_wait<P>(is_q ? q_norm : k_norm);
+  const HeadSlice<P> cos = load_slice<P, kBeforeWait>(cos_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> sin = load_slice<P, kBeforeWait>(sin_table + static_cast<int64_t>(pos) * D);
+  const HeadSlice<P> weight = load_slice<P, kBeforeWait>(is_q ? q_norm : k_norm);
   begin_dependent_kernel();
   if (head >= q_heads + 2 * kv_heads) return;
   const int lo = lane * P;  // element index in the first half; lo + H in the second
