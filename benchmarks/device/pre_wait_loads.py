@@ -5,7 +5,9 @@ writes (weights, norm weights, RoPE tables, index inputs) before it waits for th
 those round trips overlap that kernel's tail. ptxas decides where the loads land: it moves the wait above
 non-coherent loads (`ld.global.nc`) of the same basic block, so a load written before the wait can run after
 it (common.cuh's `load_before_wait`). This compiles the extension's sources for sm_90a and counts, in the SASS
-of every kernel, the loads (LDG, LDGSTS, bulk copies) placed before the wait.
+of every kernel, the loads (LDG, LDGSTS, bulk copies) placed before the wait, and lists the loads placed
+after the kernel's first global store: the compiler must assume a store may alias a later load, so such a
+load is a round trip after the kernel's result (the sampler's draw) rather than one made with its inputs.
 
 Runs on the workstation, no GPU: needs nvcc, and cuobjdump with nvdisasm (on PATH, or the PyPI packages
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, which the `dev` extra installs).
@@ -24,11 +26,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 SOURCES = Path(__file__).resolve().parents[2] / "engine" / "kernels" / "csrc"
 INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;")
-LOAD = re.compile(r"\b(LDG|LDGSTS|UBLKCP|UTMALDG)\b")
+LOAD = re.compile(r"\b(?:LDG|LDGSTS|UBLKCP|UTMALDG)\b\S*")
+STORE = re.compile(r"\b(?:STG|RED|ATOMG|UTMASTG)\b")
 NAMESPACE = re.compile(r"_ZN5q3tts\d+_GLOBAL__N__\w+?_cu_[0-9a-f]+\d+")
 
 
@@ -54,20 +58,34 @@ def compile_cubin(source: str, folder: Path) -> Path:
     return cubin
 
 
-def kernel_loads(cubin: Path, tools: Path) -> dict[str, tuple[int, int]]:
-    """Per kernel that waits: (loads before the wait, loads in all), from the cubin's SASS."""
+@dataclass(frozen=True)
+class KernelLoads:
+    """One kernel's global loads in its SASS."""
+
+    before_wait: int
+    total: int
+    after_first_store: tuple[str, ...]  # their opcodes (e.g. LDG.E.128), in order
+
+
+def kernel_loads(cubin: Path, tools: Path) -> dict[str, KernelLoads]:
+    """Per kernel that waits, its loads (KernelLoads), from the cubin's SASS."""
     environment = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
     command = [str(tools / "cuobjdump"), "-sass", str(cubin)]
     sass = subprocess.run(command, capture_output=True, text=True, check=True, env=environment).stdout
-    result: dict[str, tuple[int, int]] = {}
+    result: dict[str, KernelLoads] = {}
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
         name, _, body = block.partition("\n")
         instructions = [m.group(1) for line in body.splitlines() if (m := INSTRUCTION.match(line))]
         wait = next((i for i, text in enumerate(instructions) if "ACQBULK" in text), None)
         if wait is None:
             continue
-        loads = [i for i, text in enumerate(instructions) if LOAD.search(text)]
-        result[NAMESPACE.sub("", name.strip())] = (sum(1 for i in loads if i < wait), len(loads))
+        store = next((i for i, text in enumerate(instructions) if STORE.search(text)), len(instructions))
+        loads = [(i, m.group(0)) for i, text in enumerate(instructions) if (m := LOAD.search(text))]
+        result[NAMESPACE.sub("", name.strip())] = KernelLoads(
+            before_wait=sum(1 for i, _ in loads if i < wait),
+            total=len(loads),
+            after_first_store=tuple(opcode for i, opcode in loads if i > store),
+        )
     return result
 
 
@@ -85,10 +103,11 @@ def main() -> None:
     names = args.sources or sorted(path.stem for path in SOURCES.glob("*.cu"))
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
-            for kernel, (before, total) in sorted(
-                kernel_loads(compile_cubin(name, Path(folder)), tools).items()
-            ):
-                print(f"{name:20s} {before:3d} of {total:4d} loads before the wait  {kernel[:100]}")
+            for kernel, loads in sorted(kernel_loads(compile_cubin(name, Path(folder)), tools).items()):
+                print(
+                    f"{name:20s} {loads.before_wait:3d} of {loads.total:4d} loads before the wait, "
+                    f"{len(loads.after_first_store):3d} after the first store  {kernel[:100]}"
+                )
 
 
 if __name__ == "__main__":

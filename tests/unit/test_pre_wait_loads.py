@@ -29,6 +29,7 @@ def load_tool() -> ModuleType:
 
 
 TOOL = load_tool()
+KernelLoads = TOOL.KernelLoads
 TOOLS = TOOL.sass_tools_folder()
 
 pytestmark = pytest.mark.skipif(
@@ -55,9 +56,9 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[int, int]]]:
+def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, KernelLoads]]:
     folder = tmp_path_factory.mktemp("cubins")
-    sources = sorted({source for source, _ in EXPECTED})
+    sources = sorted({source for source, _ in EXPECTED} | {"sampling"})
     with ThreadPoolExecutor(max_workers=2) as pool:
         cubins = list(pool.map(lambda source: TOOL.compile_cubin(source, folder), sources))
     return {source: TOOL.kernel_loads(cubin, TOOLS) for source, cubin in zip(sources, cubins, strict=True)}
@@ -65,10 +66,23 @@ def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[
 
 @pytest.mark.parametrize(("source", "pattern"), list(EXPECTED), ids=[p for _, p in EXPECTED])
 def test_constants_load_before_the_wait(
-    loads_by_source: dict[str, dict[str, tuple[int, int]]], source: str, pattern: str
+    loads_by_source: dict[str, dict[str, KernelLoads]], source: str, pattern: str
 ) -> None:
     instances = {name: counts for name, counts in loads_by_source[source].items() if re.search(pattern, name)}
     assert instances, f"no kernel of {source}.cu matches {pattern}"
     fewest = EXPECTED[(source, pattern)]
-    late = {name: before for name, (before, _) in instances.items() if before < fewest}
+    late = {name: loads.before_wait for name, loads in instances.items() if loads.before_wait < fewest}
     assert not late, f"loads before the wait, expected at least {fewest}: {late}"
+
+
+def test_the_sampler_loads_only_the_embedding_row_after_its_draw(
+    loads_by_source: dict[str, dict[str, KernelLoads]],
+) -> None:
+    """The draw's parameters, the record's slot and the frame's other codes load with the scores: after the
+    store of `chosen`, which the compiler must assume may alias them, each would be one more round trip."""
+    sampling = loads_by_source["sampling"]
+    instances = {name: loads for name, loads in sampling.items() if "sample_kernel" in name}
+    assert len(instances) == 2, sorted(sampling)
+    for name, loads in instances.items():
+        assert loads.after_first_store, f"{name}: the embedding row's loads follow the draw's store"
+        assert set(loads.after_first_store) == {"LDG.E.128"}, f"{name}: {loads.after_first_store}"

@@ -180,6 +180,19 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
   const int ban_extra =
       (a.ban_count != nullptr && a.ban_count[row] < a.ban_below) ? a.ban_token : -1;
   const bool greedy = a.greedy[row];
+  // Every other per-row input is loaded here too, with the scores, rather than where it is used: after the
+  // block reductions (the draw's parameters and uniform) or after the store of `chosen` (the record's slot
+  // and the frame's other codes, which the compiler must assume that store may alias), each was one more L2
+  // round trip in the kernel's dependent chain.
+  const float temperature = a.temperature[row];
+  const int64_t top_k = a.top_k[row];
+  const double top_p = a.top_p[row];
+  const double uniform = a.uniforms[static_cast<int64_t>(row) * a.uniforms_stride];
+  const bool records = a.record_slots != nullptr;
+  const int64_t slot = records ? a.record_slots[row] : 0;
+  const bool copies_code = records && a.codes_table != nullptr && tid < a.codes_width;
+  const int64_t frame_code =
+      copies_code && tid != a.codes_column ? a.frame_codes[static_cast<int64_t>(row) * a.codes_width + tid] : 0;
 
   // 1. scores: fp32 logits, repetition penalty, bans. Thread t owns ids [4t, 4t + 4). Every id's loads are
   // issued before any is used: with the penalty's and the suppression's branches between them, each id's
@@ -222,10 +235,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     const float m = block_max(best, fscratch);
     chosen = block_min_int(best == m ? best_i : vocab, iscratch);
   } else {
-    const float t = a.temperature[row];
-    const int64_t k = a.top_k[row];
-    const double top_p = a.top_p[row];
-    const bool cut_k = k > 0 && k < vocab;
+    const bool cut_k = top_k > 0 && top_k < vocab;
     const bool cut_p = top_p < 1.0;
     float max_score;
     float kth = -CUDART_INF_F;
@@ -235,16 +245,16 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     // bf16 logits (no penalty) take the two-pass selection, before the temperature: x / t is monotone in x,
     // so the k-th largest of the scaled scores is the scaled k-th largest, the same float.
     const bool kth_of_logits = cut_k && !cut_p && a.logits_bf16 && seen == nullptr;
-    if (kth_of_logits) kth = block_kth_largest<true>(s, vocab, static_cast<int>(k), hist, selected) / t;
+    if (kth_of_logits) kth = block_kth_largest<true>(s, vocab, static_cast<int>(top_k), hist, selected) / temperature;
     // 2b. temperature (true division, as the reference's tensor division).
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) s[j] = s[j] / t;
+    for (int j = 0; j < kPerThread; ++j) s[j] = s[j] / temperature;
     if (cut_k && !cut_p) {
       float m = -CUDART_INF_F;
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) m = fmaxf(m, s[j]);
       max_score = block_max(m, fscratch);
-      if (!kth_of_logits) kth = block_kth_largest<false>(s, vocab, static_cast<int>(k), hist, selected);
+      if (!kth_of_logits) kth = block_kth_largest<false>(s, vocab, static_cast<int>(top_k), hist, selected);
     } else if (cut_p) {
       // Stable ascending order: key = (ordered value, id); padding keys (0) sort first.
       const int pad = size - vocab;
@@ -274,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
         }
       }
       max_score = unordered(static_cast<uint32_t>(keys[size - 1] >> 32));
-      if (cut_k) kth = unordered(static_cast<uint32_t>(keys[size - static_cast<int>(k)] >> 32));
+      if (cut_k) kth = unordered(static_cast<uint32_t>(keys[size - static_cast<int>(top_k)] >> 32));
     } else {
       float m = -CUDART_INF_F;
 #pragma unroll
@@ -327,7 +337,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     }
     double total;
     double run = block_exclusive_scan(local, dscratch, total);
-    const double threshold = a.uniforms[static_cast<int64_t>(row) * a.uniforms_stride] * total;
+    const double threshold = uniform * total;
     int first = vocab;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
@@ -338,19 +348,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingArgs a) {
     chosen = min(first_last.x, first_last.y);
   }
   if (tid == 0) a.out[static_cast<int64_t>(row) * a.out_stride] = chosen;
-  if (a.record_slots != nullptr) {
-    // `chosen` is the same in every thread; the padded rows of a graph share the scratch slot, whose records
-    // never matter.
-    const int64_t slot = a.record_slots[row];
-    if (a.history_table != nullptr && tid == 0 && chosen >= 0 && chosen < vocab) {
-      a.history_table[slot * a.history_stride + chosen] = 1;
-    }
-    if (a.codes_table != nullptr && tid < a.codes_width) {
-      const int64_t code =
-          tid == a.codes_column ? chosen : a.frame_codes[static_cast<int64_t>(row) * a.codes_width + tid];
-      a.codes_table[slot * a.codes_width + tid] = code;
-    }
+  // `chosen` is the same in every thread; the padded rows of a graph share the scratch slot, whose records
+  // never matter.
+  if (records && a.history_table != nullptr && tid == 0 && chosen >= 0 && chosen < vocab) {
+    a.history_table[slot * a.history_stride + chosen] = 1;
   }
+  if (copies_code) a.codes_table[slot * a.codes_width + tid] = tid == a.codes_column ? chosen : frame_code;
   if (a.embed_table != nullptr) {
     // `chosen` is the same in every thread (block reductions), so the block copies one table row.
     const int vecs = a.embed_width / 8;
