@@ -18,8 +18,9 @@ from . import loader, reference
 from .reference import QuantizedRows, QuantizedWeight, SnakeBetaParameters, SplitSums
 
 try:
-    from . import triton_products
+    from . import triton_conv, triton_products
 except ImportError:  # no Triton (the CPU install): those products stay on cuBLAS or the torch reference
+    triton_conv = None  # type: ignore[assignment]
     triton_products = None  # type: ignore[assignment]
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "add_rms_norm_fp8_",
     "added",
     "codec_window_attention",
+    "conv_rows",
     "conv_to_one_channel",
     "decode_attention",
     "fp8_linear",
@@ -519,6 +521,41 @@ def interleave_phases(rows: Tensor, bias: Tensor, phases: int) -> Tensor:
     out = torch.empty(rows.shape[0] // phases, rows.shape[1] * phases, dtype=rows.dtype, device=rows.device)
     ext.interleave_phases(out, rows, bias, phases)
     return out
+
+
+def conv_rows(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
+    tap_major_weight: Tensor | None = None,
+) -> Tensor:
+    """`reference.conv_rows` (a codec conv of [history | x] as rows [O, B * T]). With `tap_major_weight`
+    (weight as [O, K, C], contiguous: the module derives it once), bf16 on Hopper: an implicit GEMM on Triton
+    (triton_conv says why) over the samples [history | SnakeBeta(x)] copied once, time-major (`unfold_columns`
+    as a 1-tap unfold, which also fills `activation_tail`, then a transpose), instead of over the K-times
+    unfolded columns. Elsewhere (float32: the exact codec) `unfold_columns` then one cuBLAS GEMM.
+    Kernel tolerance: the fp32 sums of the same products in another order, rounded once to bf16 (relative L2
+    <= 5e-3 to the reference); `activation_tail` bit-identical."""
+    kernel = weight.shape[2]
+    steps = _conv_steps(x, kernel, dilation, history)
+    if (
+        triton_conv is None
+        or tap_major_weight is None
+        or steps < 1
+        or not triton_conv.suits(x, tap_major_weight, bias)
+    ):
+        columns = unfold_columns(x, kernel, dilation, history, snake, activation_tail)
+        flat = weight.reshape(weight.shape[0], -1)
+        return torch.mm(flat, columns) if bias is None else torch.addmm(bias[:, None], flat, columns)
+    if history is None and snake is None:
+        samples = x.transpose(1, 2).reshape(-1, x.shape[1])
+    else:
+        samples = unfold_columns(x, 1, 1, history, snake, activation_tail).t().contiguous()
+    return triton_conv.conv_rows(samples, tap_major_weight, bias, dilation, x.shape[0])
 
 
 def conv_to_one_channel(

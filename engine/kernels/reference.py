@@ -234,6 +234,24 @@ def unfold_columns(
     return columns.permute(1, 3, 0, 2).reshape(channels * kernel, -1)
 
 
+def conv_rows(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
+) -> Tensor:
+    """The conv (no padding, one group) of the samples [history | x] [B, C, L] with weight [O, C, K] (+ bias)
+    as rows [O, B * T], T = L - (K - 1) * dilation, column b * T + t being step t of stream b: one GEMM over
+    the unfolded samples (`unfold_columns`, whose `snake` and `activation_tail` it takes)."""
+    out_channels, _, kernel = weight.shape
+    columns = unfold_columns(x, kernel, dilation, history, snake, activation_tail)
+    flat = weight.reshape(out_channels, -1)
+    return torch.mm(flat, columns) if bias is None else torch.addmm(bias[:, None], flat, columns)
+
+
 def interleave_phases(rows: Tensor, bias: Tensor, phases: int) -> Tensor:
     """A transposed conv's GEMM output in sample order: rows [C * phases, N] (row c * phases + r: channel c's
     phase r) plus bias [C * phases] -> [C, N * phases], out[c, n * phases + r] = rows[c * phases + r, n] +

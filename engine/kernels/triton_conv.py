@@ -1,0 +1,146 @@
+"""The bf16 codec's multi-tap convs as implicit GEMMs on Triton (wgmma on Hopper): no unfolded input.
+
+Why: `codec.conv1d_as_gemm` ran a conv as one GEMM over its unfolded input, a [C * K, B * T] matrix that
+`ops.unfold_columns` writes and the GEMM reads back: K = 7 times the activations each way. In the fast
+codec's 64-stream packet (benchmarks/results/2026-12-04-run143, H100) the unfold kernels were 2.19 of 6.42 ms
+and the 7-tap GEMMs 1.59 ms, both bound by that matrix's bytes (the 96-channel convs: 660 MB a call, for a
+product of 94 MB of samples). Here a block reads its tile of the columns straight from the samples.
+
+The samples are time-major, [B * L, C] (channels contiguous), and the weight tap-major, [O, K, C]: tap j's
+columns for steps t.. of stream b are then the sample rows b * L + t + j * dilation.., whole aligned rows, so
+both operands load as 16-byte vectors into the pipeline's shared memory whatever the dilation (channel-major
+samples would start each tap's rows j * dilation elements off alignment). The reduction runs over (tap,
+channel) in that order with blocks that depend on the weight's shape alone, so an output element's sums do
+not depend on the batch or on where its step falls in a tile: a streamed packet equals the same steps
+decoded in one piece, bit for bit. Only bf16 (the fast codec): the exact codec's float32 convs stay on
+cuBLAS's SGEMMs.
+
+Only imported where Triton is (ops.py guards it); the torch reference is `reference.conv_rows`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+# The 2-tap convs (the transposed convs' GEMMs: thousands of (channel, phase) rows over the few frames of a
+# packet) stay on cuBLAS: their unfold only doubles a small input.
+MIN_TAPS = 3
+
+
+class ConvBlocks(NamedTuple):
+    """A launch's tiling: output channels and steps a block, channels a reduction step, warps, stages."""
+
+    out: int
+    steps: int
+    channels: int
+    warps: int
+    stages: int
+
+
+def blocks_for(out_channels: int) -> ConvBlocks:
+    """The tiling of a weight of `out_channels` rows: a function of the weight's shape alone (the module
+    docstring says why)."""
+    return ConvBlocks(out=64 if out_channels <= 96 else 128, steps=128, channels=32, warps=4, stages=4)
+
+
+@triton.jit
+def _conv_rows_kernel(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    samples_ptr,
+    bias_ptr,
+    out_ptr,
+    out_channels,
+    channels,
+    length,
+    steps,
+    dilation,
+    TAPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_OUT: tl.constexpr,
+    BLOCK_STEPS: tl.constexpr,
+    BLOCK_CHANNELS: tl.constexpr,
+):
+    """out [O, B * T] (+ bias): a block's BLOCK_OUT channels over BLOCK_STEPS steps of stream program_id(2),
+    sum over taps j and channels c of weight[o, j, c] * samples[b * L + t + j * dilation, c]."""
+    offs_out = tl.program_id(0) * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
+    offs_step = tl.program_id(1) * BLOCK_STEPS + tl.arange(0, BLOCK_STEPS)
+    stream = tl.program_id(2)
+    offs_channel = tl.arange(0, BLOCK_CHANNELS)
+    out_mask = offs_out < out_channels
+    step_mask = offs_step < steps
+    sample_rows = stream.to(tl.int64) * length + offs_step
+    acc = tl.zeros((BLOCK_OUT, BLOCK_STEPS), dtype=tl.float32)
+    for tap in tl.static_range(TAPS):
+        w_row = weight_ptr + offs_out[:, None].to(tl.int64) * (TAPS * channels) + tap * channels
+        s_row = samples_ptr + (sample_rows[None, :] + tap * dilation) * channels
+        for start in tl.range(0, channels, BLOCK_CHANNELS):
+            c = start + offs_channel
+            c_mask = c < channels
+            w = tl.load(w_row + c[None, :], mask=out_mask[:, None] & c_mask[None, :], other=0.0)
+            s = tl.load(s_row + c[:, None], mask=c_mask[:, None] & step_mask[None, :], other=0.0)
+            acc = tl.dot(w, s, acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_out, mask=out_mask, other=0.0).to(tl.float32)[:, None]
+    out = acc.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    columns = tl.num_programs(2) * steps
+    out_ptrs = out_ptr + offs_out[:, None].to(tl.int64) * columns + (stream * steps + offs_step)[None, :]
+    tl.store(out_ptrs, out, mask=out_mask[:, None] & step_mask[None, :])
+
+
+def suits(x: Tensor, tap_major_weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether the kernel takes these operands: a Hopper (or later) GPU, bf16 x [B, C, T], a contiguous bf16
+    tap-major weight [O, K, C] of at least `MIN_TAPS` taps with C a multiple of 8 (16-byte rows), a
+    contiguous bf16 bias [O] if any."""
+    tensors = (x, tap_major_weight) if bias is None else (x, tap_major_weight, bias)
+    if not all(t.is_cuda and t.dtype == torch.bfloat16 for t in tensors):
+        return False
+    if x.dim() != 3 or tap_major_weight.dim() != 3 or tap_major_weight.shape[2] != x.shape[1]:
+        return False
+    if tap_major_weight.shape[1] < MIN_TAPS or x.shape[1] % 8 or not tap_major_weight.is_contiguous():
+        return False
+    if bias is not None and not (bias.dim() == 1 and bias.is_contiguous()):
+        return False
+    return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+def conv_rows(
+    samples: Tensor,
+    tap_major_weight: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    batch: int,
+    blocks: ConvBlocks | None = None,
+) -> Tensor:
+    """The conv (no padding) of time-major samples [B * L, C] (contiguous; stream b's at rows b * L..) with
+    the tap-major weight [O, K, C] (+ bias) as rows [O, B * T], T = L - (K - 1) * dilation: column b * T + t
+    is step t of stream b. `blocks`: the tiling (default `blocks_for`; benchmarks try others)."""
+    out_channels, taps, channels = tap_major_weight.shape
+    length = samples.shape[0] // batch
+    steps = length - (taps - 1) * dilation
+    out = torch.empty(out_channels, batch * steps, dtype=samples.dtype, device=samples.device)
+    tiling = blocks or blocks_for(out_channels)
+    grid = (triton.cdiv(out_channels, tiling.out), triton.cdiv(steps, tiling.steps), batch)
+    _conv_rows_kernel[grid](
+        tap_major_weight,
+        samples,
+        bias if bias is not None else tap_major_weight,
+        out,
+        out_channels,
+        channels,
+        length,
+        steps,
+        dilation,
+        TAPS=taps,
+        HAS_BIAS=bias is not None,
+        BLOCK_OUT=tiling.out,
+        BLOCK_STEPS=tiling.steps,
+        BLOCK_CHANNELS=tiling.channels,
+        num_warps=tiling.warps,
+        num_stages=tiling.stages,
+    )
+    return out
