@@ -60,7 +60,7 @@ fi
 
 if want tests; then
   phase "tests/device kernels" 150
-  timeout "$(cap 150)" python3 -m pytest -q tests/device/test_kernel_parity.py tests/device/test_triton_products.py tests/device/test_sampling_kernel.py tests/device/test_dependent_launch.py tests/device/test_scheduler_on_cuda.py tests/device/test_pcm16_on_cuda.py \
+  timeout "$(cap 150)" python3 -m pytest -q tests/device/test_kernel_parity.py tests/device/test_triton_products.py tests/device/test_triton_conv.py tests/device/test_sampling_kernel.py tests/device/test_dependent_launch.py tests/device/test_scheduler_on_cuda.py tests/device/test_pcm16_on_cuda.py \
     -p no:cacheprovider --junitxml="$RESULTS/device-kernel-tests.xml" 2>&1 | tail -25
   pack
 fi
