@@ -63,8 +63,12 @@ class KernelLoads:
     """One kernel's global loads in its SASS."""
 
     before_wait: int
-    total: int
-    after_first_store: tuple[str, ...]  # their opcodes (e.g. LDG.E.128), in order
+    opcodes: tuple[str, ...]  # every load's (e.g. LDG.E.128, LDGSTS.E.BYPASS.128), in order
+    after_first_store: tuple[str, ...]  # those of the loads after the kernel's first store
+
+    @property
+    def total(self) -> int:
+        return len(self.opcodes)
 
 
 def kernel_loads(cubin: Path, tools: Path) -> dict[str, KernelLoads]:
@@ -83,7 +87,7 @@ def kernel_loads(cubin: Path, tools: Path) -> dict[str, KernelLoads]:
         loads = [(i, m.group(0)) for i, text in enumerate(instructions) if (m := LOAD.search(text))]
         result[NAMESPACE.sub("", name.strip())] = KernelLoads(
             before_wait=sum(1 for i, _ in loads if i < wait),
-            total=len(loads),
+            opcodes=tuple(opcode for _, opcode in loads),
             after_first_store=tuple(opcode for i, opcode in loads if i > store),
         )
     return result

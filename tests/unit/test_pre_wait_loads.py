@@ -52,6 +52,7 @@ EXPECTED = {
     ("attention", r"rope_attention_kernelILi128E"): 18,
     ("attention", r"attention_merge_kernel"): 1,
     ("attention", r"attention_split_kernel"): 2,
+    ("embedding", r"frame_embedding_kernel"): 1,
 }
 
 
@@ -86,3 +87,16 @@ def test_the_sampler_loads_only_the_embedding_row_after_its_draw(
     for name, loads in instances.items():
         assert loads.after_first_store, f"{name}: the embedding row's loads follow the draw's store"
         assert set(loads.after_first_store) == {"LDG.E.128"}, f"{name}: {loads.after_first_store}"
+
+
+def test_the_frame_embedding_copies_every_row_at_once(
+    loads_by_source: dict[str, dict[str, KernelLoads]],
+) -> None:
+    """The talker's input row: its 16 codebooks' table rows and its text row go out as asynchronous copies
+    together, after the codes; as register loads ptxas issued them one after another (one L2 round trip a
+    codebook, 9-10 us at one stream)."""
+    (loads,) = (loads for name, loads in loads_by_source["embedding"].items() if "frame_embedding" in name)
+    copies = [i for i, opcode in enumerate(loads.opcodes) if opcode.startswith("LDGSTS")]
+    assert len(copies) == 17, loads.opcodes
+    assert copies == list(range(copies[0], copies[0] + 17)), loads.opcodes
+    assert all(opcode.startswith("LDGSTS") for opcode in loads.opcodes[copies[0] :]), loads.opcodes
