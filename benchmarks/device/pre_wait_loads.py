@@ -33,6 +33,7 @@ SOURCES = Path(__file__).resolve().parents[2] / "engine" / "kernels" / "csrc"
 INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;")
 LOAD = re.compile(r"\b(?:LDG|LDGSTS|UBLKCP|UTMALDG)\b\S*")
 STORE = re.compile(r"\b(?:STG|RED|ATOMG|UTMASTG)\b")
+FLOAT_OP = re.compile(r"\b(?:FADD|FMUL|FFMA|HADD2|HMUL2|HFMA2)\b")
 NAMESPACE = re.compile(r"_ZN5q3tts\d+_GLOBAL__N__\w+?_cu_[0-9a-f]+\d+")
 
 
@@ -58,6 +59,16 @@ def compile_cubin(source: str, folder: Path) -> Path:
     return cubin
 
 
+def _uses_a_register_in_float_op(instruction: str) -> bool:
+    """A floating-point instruction that reads a register (not a zeroing idiom such as
+    `HFMA2.MMA R40, -RZ, RZ, 0, 0`)."""
+    match = FLOAT_OP.search(instruction)
+    if match is None:
+        return False
+    sources = instruction[match.end() :].split(",")[1:]
+    return any(re.search(r"\bR\d+\b", source) for source in sources)
+
+
 @dataclass(frozen=True)
 class KernelLoads:
     """One kernel's global loads in its SASS."""
@@ -65,6 +76,9 @@ class KernelLoads:
     before_wait: int
     opcodes: tuple[str, ...]  # every load's (e.g. LDG.E.128, LDGSTS.E.BYPASS.128), in order
     after_first_store: tuple[str, ...]  # those of the loads after the kernel's first store
+    # Loads issued after the wait and before the kernel's first floating-point instruction: those in flight
+    # together before any loaded value is used (a load placed after that use waits a round trip more).
+    before_first_float_op: int
 
     @property
     def total(self) -> int:
@@ -84,11 +98,16 @@ def kernel_loads(cubin: Path, tools: Path) -> dict[str, KernelLoads]:
         if wait is None:
             continue
         store = next((i for i, text in enumerate(instructions) if STORE.search(text)), len(instructions))
+        float_op = next(
+            (i for i, text in enumerate(instructions) if i > wait and _uses_a_register_in_float_op(text)),
+            len(instructions),
+        )
         loads = [(i, m.group(0)) for i, text in enumerate(instructions) if (m := LOAD.search(text))]
         result[NAMESPACE.sub("", name.strip())] = KernelLoads(
             before_wait=sum(1 for i, _ in loads if i < wait),
             opcodes=tuple(opcode for _, opcode in loads),
             after_first_store=tuple(opcode for i, opcode in loads if i > store),
+            before_first_float_op=sum(1 for i, _ in loads if wait < i < float_op),
         )
     return result
 

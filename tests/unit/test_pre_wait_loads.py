@@ -100,3 +100,15 @@ def test_the_frame_embedding_copies_every_row_at_once(
     assert len(copies) == 17, loads.opcodes
     assert copies == list(range(copies[0], copies[0] + 17)), loads.opcodes
     assert all(opcode.startswith("LDGSTS") for opcode in loads.opcodes[copies[0] :]), loads.opcodes
+
+
+def test_the_split_sums_norm_loads_the_residual_with_the_partial_sums(
+    loads_by_source: dict[str, dict[str, KernelLoads]],
+) -> None:
+    """The add-RMSNorm of a product's split sums (every 33-64-row frame's two norms a layer): its 4 splits'
+    partial sums (8 vectors) and the residual row go out before any is added; the residual loaded after the
+    partials' adds was one L2 round trip more."""
+    (loads,) = (
+        loads for name, loads in loads_by_source["norm"].items() if "rms_norm_kernelILb1ELb0ELi4E" in name
+    )
+    assert loads.before_first_float_op >= 9, loads

@@ -14,24 +14,35 @@ constexpr int kThreads = 256;
 constexpr int kMaxVecPerThread = 4;  // hidden <= 256 * 8 * 4 = 8192
 constexpr int kSplitSums = 4;        // triton_products.DOWN_SPLITS
 
-// Vector idx (8 columns) of a row of `splits` float32 partial sums `split_stride` elements apart, added in
-// split order from zero and rounded once to bf16.
+// Vector idx (8 columns) of a row of `splits` float32 partial sums `split_stride` elements apart: `load`
+// issues every split's loads, `summed` adds them in split order from zero, rounded once to bf16.
 template <int kSplits>
-__device__ __forceinline__ Bf16x8 summed_splits(const float* __restrict__ row, int idx, int64_t split_stride) {
-  float acc[8] = {};
+struct SplitLoads {
+  float4 lo[kSplits > 0 ? kSplits : 1], hi[kSplits > 0 ? kSplits : 1];
+
+  __device__ __forceinline__ void load(const float* __restrict__ row, int idx, int64_t split_stride) {
 #pragma unroll
-  for (int s = 0; s < kSplits; ++s) {
-    const float4* v = reinterpret_cast<const float4*>(row + s * split_stride) + 2 * idx;
-    const float4 lo = v[0], hi = v[1];
-    const float parts[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] += parts[j];
+    for (int s = 0; s < kSplits; ++s) {
+      const float4* v = reinterpret_cast<const float4*>(row + s * split_stride) + 2 * idx;
+      lo[s] = v[0];
+      hi[s] = v[1];
+    }
   }
-  Bf16x8 out;
+
+  __device__ __forceinline__ Bf16x8 summed() const {
+    float acc[8] = {};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) out.v[j] = to_bf(acc[j]);
-  return out;
-}
+    for (int s = 0; s < kSplits; ++s) {
+      const float parts[8] = {lo[s].x, lo[s].y, lo[s].z, lo[s].w, hi[s].x, hi[s].y, hi[s].z, hi[s].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += parts[j];
+    }
+    Bf16x8 out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out.v[j] = to_bf(acc[j]);
+    return out;
+  }
+};
 
 // kFp8: `out` is e4m3 codes [rows, hidden] (contiguous; out_stride unused) and `scale` gets each row's scale.
 // kSplits > 0: the added rows are `partials` (row r at r * hidden, splits split_stride apart; x unused).
@@ -57,20 +68,36 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(void* __restrict__ o
   const int row = blockIdx.x;
   const Bf16x8* xv = reinterpret_cast<const Bf16x8*>(x + static_cast<int64_t>(row) * x_stride);
   Bf16x8* rv = kResidual ? reinterpret_cast<Bf16x8*>(residual + static_cast<int64_t>(row) * x_stride) : nullptr;
+  // The split-sums form issues every vector's partial sums and residual before any add: with the residual
+  // loaded in the loop that adds, ptxas issued it only after the first partial sums had arrived (a second L2
+  // round trip). Its registers (208) do not matter: it runs at most 64 rows, a block each.
+  SplitLoads<kSplits> parts[kMaxVecPerThread];
+  Bf16x8 residual_parts[kMaxVecPerThread];
+  if constexpr (kSplits > 0) {
+#pragma unroll
+    for (int i = 0; i < kMaxVecPerThread; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      if (idx < vecs) {
+        residual_parts[i] = rv[idx];
+        parts[i].load(partials + static_cast<int64_t>(row) * hidden, idx, split_stride);
+      }
+    }
+  }
   Bf16x8 held[kMaxVecPerThread];
   float sum_sq = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxVecPerThread; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     if (idx < vecs) {
-      Bf16x8 a;
+      Bf16x8 a, r;
       if constexpr (kSplits > 0) {
-        a = summed_splits<kSplits>(partials + static_cast<int64_t>(row) * hidden, idx, split_stride);
+        a = parts[i].summed();
+        r = residual_parts[i];
       } else {
         a = xv[idx];
+        if (kResidual) r = rv[idx];
       }
       if (kResidual) {
-        const Bf16x8 r = rv[idx];
 #pragma unroll
         for (int j = 0; j < 8; ++j) a.v[j] = to_bf(to_f(r.v[j]) + to_f(a.v[j]));
         rv[idx] = a;
