@@ -534,7 +534,7 @@ def conv_rows(
     tap_major_weight: Tensor | None = None,
 ) -> Tensor:
     """`reference.conv_rows` (a codec conv of [history | x] as rows [O, B * T]). With `tap_major_weight`
-    (weight as [O, K, C], contiguous: the module derives it once), bf16 on Hopper: an implicit GEMM on Triton
+    (weight as [O, K, C], contiguous, kept by the caller), bf16 on Hopper: an implicit GEMM on Triton
     (triton_conv says why) over the samples [history | SnakeBeta(x)] copied once, time-major (`unfold_columns`
     as a 1-tap unfold, which also fills `activation_tail`, then a transpose), instead of over the K-times
     unfolded columns. Elsewhere (float32: the exact codec) `unfold_columns` then one cuBLAS GEMM.

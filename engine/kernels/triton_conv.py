@@ -1,6 +1,6 @@
 """The bf16 codec's multi-tap convs as implicit GEMMs on Triton (wgmma on Hopper): no unfolded input.
 
-Why: `codec.conv1d_as_gemm` ran a conv as one GEMM over its unfolded input, a [C * K, B * T] matrix that
+Why: `codec.conv1d_as_gemm` runs a conv as one GEMM over its unfolded input, a [C * K, B * T] matrix that
 `ops.unfold_columns` writes and the GEMM reads back: K = 7 times the activations each way. In the fast
 codec's 64-stream packet (benchmarks/results/2026-12-04-run143, H100) the unfold kernels were 2.19 of 6.42 ms
 and the 7-tap GEMMs 1.59 ms, both bound by that matrix's bytes (the 96-channel convs: 660 MB a call, for a
@@ -15,7 +15,10 @@ not depend on the batch or on where its step falls in a tile: a streamed packet 
 decoded in one piece, bit for bit. Only bf16 (the fast codec): the exact codec's float32 convs stay on
 cuBLAS's SGEMMs.
 
-Only imported where Triton is (ops.py guards it); the torch reference is `reference.conv_rows`.
+Not yet on the codec's path: `ops.conv_rows` runs it only when given the tap-major weight, which no codec
+module passes until benchmarks/device/codec_conv_ab.py has timed it against the unfold and cuBLAS on the
+device (written in a session that got no device). Only imported where Triton is (ops.py guards it); the
+torch reference is `reference.conv_rows`.
 """
 
 from __future__ import annotations
