@@ -84,11 +84,11 @@ def measure_shape(
     tail = torch.empty(streams, channels, context, device="cuda", dtype=bf16)
     activated = ops.snake_beta(x, *snake)
     expected = reference.conv_rows(activated.float(), weight.float(), bias.float(), dilation, history.float())
-    samples = ops.unfold_columns(x, 1, 1, history, snake).t().contiguous()
+    samples = ops.time_major_samples(x, history, snake)
     variants: dict[str, Callable[[], Tensor]] = {
         "unfold_gemm": lambda: ops.conv_rows(x, weight, bias, dilation, history, snake, tail),
         "implicit": lambda: ops.conv_rows(x, weight, bias, dilation, history, snake, tail, tap_major),
-        "samples": lambda: ops.unfold_columns(x, 1, 1, history, snake, tail).t().contiguous(),
+        "samples": lambda: ops.time_major_samples(x, history, snake, tail),
     }
     for tiling in TILINGS:
         name = f"tiling {tiling.out}x{tiling.steps}x{tiling.channels} w{tiling.warps} s{tiling.stages}"

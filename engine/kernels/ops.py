@@ -59,6 +59,7 @@ __all__ = [
     "tensor_core_linear",
     "tensor_core_linear_suits",
     "tensor_core_linear_swiglu",
+    "time_major_samples",
     "triton_linear",
     "triton_linear_split_sums",
     "triton_linear_suits",
@@ -549,13 +550,23 @@ def conv_rows(
         or not triton_conv.suits(x, tap_major_weight, bias)
     ):
         columns = unfold_columns(x, kernel, dilation, history, snake, activation_tail)
-        flat = weight.reshape(weight.shape[0], -1)
-        return torch.mm(flat, columns) if bias is None else torch.addmm(bias[:, None], flat, columns)
-    if history is None and snake is None:
-        samples = x.transpose(1, 2).reshape(-1, x.shape[1])
-    else:
-        samples = unfold_columns(x, 1, 1, history, snake, activation_tail).t().contiguous()
+        return reference.product_of_columns(weight, bias, columns)
+    samples = time_major_samples(x, history, snake, activation_tail)
     return triton_conv.conv_rows(samples, tap_major_weight, bias, dilation, x.shape[0])
+
+
+def time_major_samples(
+    x: Tensor,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
+) -> Tensor:
+    """A conv's samples [history | SnakeBeta(x)] of x [B, C, T] as rows [B * L, C], contiguous (what
+    `conv_rows`' implicit GEMM reads): a 1-tap `unfold_columns`, which also fills `activation_tail`, then a
+    transpose; x's own transpose when there is neither history nor SnakeBeta."""
+    if history is None and snake is None:
+        return x.transpose(1, 2).reshape(-1, x.shape[1])
+    return unfold_columns(x, 1, 1, history, snake, activation_tail).t().contiguous()
 
 
 def conv_to_one_channel(

@@ -246,9 +246,14 @@ def conv_rows(
     """The conv (no padding, one group) of the samples [history | x] [B, C, L] with weight [O, C, K] (+ bias)
     as rows [O, B * T], T = L - (K - 1) * dilation, column b * T + t being step t of stream b: one GEMM over
     the unfolded samples (`unfold_columns`, whose `snake` and `activation_tail` it takes)."""
-    out_channels, _, kernel = weight.shape
-    columns = unfold_columns(x, kernel, dilation, history, snake, activation_tail)
-    flat = weight.reshape(out_channels, -1)
+    columns = unfold_columns(x, weight.shape[2], dilation, history, snake, activation_tail)
+    return product_of_columns(weight, bias, columns)
+
+
+def product_of_columns(weight: Tensor, bias: Tensor | None, columns: Tensor) -> Tensor:
+    """weight [O, C, K] as [O, C * K] @ columns [C * K, N] (+ bias [O]): a conv's GEMM over its unfolded
+    input (`conv_rows`)."""
+    flat = weight.reshape(weight.shape[0], -1)
     return torch.mm(flat, columns) if bias is None else torch.addmm(bias[:, None], flat, columns)
 
 
