@@ -77,16 +77,21 @@ def _conv_rows_kernel(  # type: ignore[no-untyped-def]
     out_mask = offs_out < out_channels
     step_mask = offs_step < steps
     sample_rows = stream.to(tl.int64) * length + offs_step
+    weight_rows = weight_ptr + offs_out[:, None].to(tl.int64) * (TAPS * channels)
+    sample_starts = samples_ptr + sample_rows[None, :] * channels
+    chunks = tl.cdiv(channels, BLOCK_CHANNELS)
     acc = tl.zeros((BLOCK_OUT, BLOCK_STEPS), dtype=tl.float32)
-    for tap in tl.static_range(TAPS):
-        w_row = weight_ptr + offs_out[:, None].to(tl.int64) * (TAPS * channels) + tap * channels
-        s_row = samples_ptr + (sample_rows[None, :] + tap * dilation) * channels
-        for start in tl.range(0, channels, BLOCK_CHANNELS):
-            c = start + offs_channel
-            c_mask = c < channels
-            w = tl.load(w_row + c[None, :], mask=out_mask[:, None] & c_mask[None, :], other=0.0)
-            s = tl.load(s_row + c[:, None], mask=c_mask[:, None] & step_mask[None, :], other=0.0)
-            acc = tl.dot(w, s, acc)
+    # One loop over (tap, channel chunk), not a loop per tap: the pipeline's stages then stay full across taps
+    # (a 96-channel conv has 3 chunks a tap, fewer than the stages).
+    for step in tl.range(0, TAPS * chunks):
+        tap = step // chunks
+        c = (step - tap * chunks) * BLOCK_CHANNELS + offs_channel
+        c_mask = c < channels
+        w_ptrs = weight_rows + tap * channels + c[None, :]
+        s_ptrs = sample_starts + tap * dilation * channels + c[:, None]
+        w = tl.load(w_ptrs, mask=out_mask[:, None] & c_mask[None, :], other=0.0)
+        s = tl.load(s_ptrs, mask=c_mask[:, None] & step_mask[None, :], other=0.0)
+        acc = tl.dot(w, s, acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_out, mask=out_mask, other=0.0).to(tl.float32)[:, None]
     out = acc.to(tl.bfloat16, fp_downcast_rounding="rtne")
