@@ -1,0 +1,183 @@
+"""Whether each Triton kernel of the engine compiles for Hopper with its reduction loop pipelined.
+
+Triton pipelines a `tl.range` loop only where it can prove its loads 16-byte aligned (the JIT specializes a
+pointer or an int argument divisible by 16) and only within one loop: the first implicit-GEMM conv ran a loop
+per tap, each with its own prologue and drained pipeline, which a 96-channel conv (3 chunks a tap, 4 stages)
+never filled. This compiles every kernel at the launch constants the engine uses for sm_90 (no GPU: Triton's
+compiler and its bundled ptxas), with the divisibility the JIT gives at the engine's shapes, and reports per
+kernel the asynchronous copies and wgmma instructions in its PTX and its shared memory, against the bytes of
+`stages` copies of one step's tiles (every stage resident: the loop is pipelined) and against the copy
+instructions of one pipelined loop: a prologue of `stages - 1` steps and one step in the loop, 16 bytes a
+thread an instruction (a loop per tap has as many prologues as taps).
+
+tests/unit/test_triton_pipelines.py holds every kernel to it.
+
+    python benchmarks/device/triton_pipelines.py
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from qwen3_tts_native.engine.kernels import triton_conv, triton_products
+
+HOPPER = GPUTarget("cuda", 90, 32)
+BF16_BYTES = 2
+COPY_BYTES = 16  # a thread's asynchronous copy instruction
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel at one launch's constants: its arguments' types, which of them the JIT knows to be
+    multiples of 16, and the bytes one step of its pipelined loop stages in shared memory."""
+
+    name: str
+    kernel: Any
+    signature: dict[str, str]
+    constants: dict[str, int | bool]
+    aligned: tuple[str, ...]
+    warps: int
+    stages: int
+    step_bytes: int
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What the compiled kernel does: asynchronous copy and wgmma instructions in its PTX and its shared
+    memory, beside those of one pipelined loop over `stages` steps' tiles."""
+
+    name: str
+    async_copies: int
+    tensor_core_ops: int
+    shared_bytes: int
+    staged_bytes: int
+    one_loop_async_copies: int
+
+    @property
+    def pipelined(self) -> bool:
+        """One loop, its tiles copied asynchronously into `stages` resident buffers, its products on wgmma."""
+        return (
+            self.tensor_core_ops > 0
+            and self.async_copies == self.one_loop_async_copies
+            and self.shared_bytes >= self.staged_bytes
+        )
+
+
+def conv_launch(out_channels: int) -> KernelLaunch:
+    """`triton_conv.conv_rows` for a 7-tap weight of `out_channels` rows (its tiling: `blocks_for`)."""
+    blocks = triton_conv.blocks_for(out_channels)
+    pointers = ("weight_ptr", "samples_ptr", "bias_ptr", "out_ptr")
+    sizes = ("out_channels", "channels", "length", "steps", "dilation")
+    return KernelLaunch(
+        name=f"triton_conv {out_channels} channels",
+        kernel=triton_conv._conv_rows_kernel,
+        signature={
+            **dict.fromkeys(pointers, "*bf16"),
+            **dict.fromkeys(sizes, "i32"),
+            **dict.fromkeys(("TAPS", "HAS_BIAS", "BLOCK_OUT", "BLOCK_STEPS", "BLOCK_CHANNELS"), "constexpr"),
+        },
+        constants={
+            "TAPS": 7,
+            "HAS_BIAS": True,
+            "BLOCK_OUT": blocks.out,
+            "BLOCK_STEPS": blocks.steps,
+            "BLOCK_CHANNELS": blocks.channels,
+        },
+        # the codec's channel counts (1536 .. 96) are multiples of 16; lengths and dilations need not be
+        aligned=(*pointers, "channels", "out_channels"),
+        warps=blocks.warps,
+        stages=blocks.stages,
+        step_bytes=(blocks.out + blocks.steps) * blocks.channels * BF16_BYTES,
+    )
+
+
+def product_launches() -> list[KernelLaunch]:
+    """`triton_products`' SwiGLU and split-sums kernels at their launch constants."""
+    weight_rows = triton_products.BLOCK_WEIGHT_ROWS
+    activation_rows = triton_products.BLOCK_ACTIVATION_ROWS
+    block_k = triton_products.BLOCK_K
+    constants = {"BLOCK_M": weight_rows, "BLOCK_N": activation_rows, "BLOCK_K": block_k}
+    blocks = dict.fromkeys(constants, "constexpr")
+    return [
+        KernelLaunch(
+            name="triton_products swiglu",
+            kernel=triton_products._swiglu_kernel,
+            signature={
+                "w_ptr": "*bf16",
+                "x_ptr": "*bf16",
+                "out_ptr": "*bf16",
+                **dict.fromkeys(("rows", "width", "k"), "i32"),
+                **blocks,
+            },
+            constants=constants,
+            aligned=("w_ptr", "x_ptr", "out_ptr", "width", "k"),
+            warps=4,
+            stages=triton_products.STAGES,
+            step_bytes=(2 * weight_rows + activation_rows) * block_k * BF16_BYTES,
+        ),
+        KernelLaunch(
+            name="triton_products split sums",
+            kernel=triton_products._split_kernel,
+            signature={
+                "w_ptr": "*bf16",
+                "x_ptr": "*bf16",
+                "partial_ptr": "*fp32",
+                **dict.fromkeys(("rows", "m_out", "k", "k_split"), "i32"),
+                **blocks,
+            },
+            constants=constants,
+            aligned=("w_ptr", "x_ptr", "partial_ptr", "m_out", "k", "k_split"),
+            warps=4,
+            stages=triton_products.STAGES,
+            step_bytes=(weight_rows + activation_rows) * block_k * BF16_BYTES,
+        ),
+    ]
+
+
+def engine_launches() -> list[KernelLaunch]:
+    """Every pipelined Triton kernel of the engine: the products, and the conv at each tiling
+    `blocks_for` picks for the codec's channel counts."""
+    tilings = {triton_conv.blocks_for(channels): channels for channels in (1536, 768, 384, 192, 96)}
+    return product_launches() + [conv_launch(channels) for channels in tilings.values()]
+
+
+def compile_for_hopper(launch: KernelLaunch) -> Pipeline:
+    names = launch.kernel.arg_names
+    attributes = {(names.index(name),): [["tt.divisibility", 16]] for name in launch.aligned}
+    source = ASTSource(launch.kernel, launch.signature, constexprs=launch.constants, attrs=attributes)
+    compiled = triton.compile(
+        source, target=HOPPER, options={"num_warps": launch.warps, "num_stages": launch.stages}
+    )
+    ptx = compiled.asm["ptx"]
+    return Pipeline(
+        name=launch.name,
+        async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca") + ptx.count("cp.async.bulk"),
+        tensor_core_ops=ptx.count("wgmma.mma_async"),
+        shared_bytes=int(compiled.metadata.shared),
+        staged_bytes=launch.stages * launch.step_bytes,
+        one_loop_async_copies=launch.stages * launch.step_bytes // (launch.warps * 32 * COPY_BYTES),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.parse_args()
+    columns = ("async copies", "one loop", "wgmma", "shared", "staged")
+    print(f"{'kernel':30}" + "".join(f" {c:>12}" for c in columns) + "  pipelined")
+    for launch in engine_launches():
+        p = compile_for_hopper(launch)
+        values = (p.async_copies, p.one_loop_async_copies, p.tensor_core_ops, p.shared_bytes, p.staged_bytes)
+        print(f"{p.name:30}" + "".join(f" {v:12}" for v in values) + f"  {'yes' if p.pipelined else 'NO'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""Every Triton kernel of the engine compiles for Hopper with one pipelined reduction loop: its tiles copied
+asynchronously into `stages` resident buffers and multiplied on wgmma (benchmarks/device/triton_pipelines.py
+says how it is read from the PTX). On the CPU, with Triton's compiler and bundled ptxas: a kernel that no
+longer compiles, or whose loop lost its pipeline, fails here rather than in a device run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("triton", reason="needs Triton (pip install -e '.[dev]' on x86_64)")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "triton_pipelines.py"
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("triton_pipelines", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["triton_pipelines"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOL = load_tool()
+LAUNCHES = TOOL.engine_launches()
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=[launch.name for launch in LAUNCHES])
+def test_kernel_compiles_with_one_pipelined_loop(launch: object) -> None:
+    pipeline = TOOL.compile_for_hopper(launch)
+    assert pipeline.tensor_core_ops > 0, "no wgmma: the products do not run on Hopper's tensor cores"
+    assert pipeline.shared_bytes >= pipeline.staged_bytes, "fewer stages resident than the launch asks"
+    one_loop = pipeline.one_loop_async_copies
+    assert pipeline.async_copies == one_loop, f"{pipeline.async_copies} async copies; one loop has {one_loop}"
+
+
+def test_conv_tilings_cover_the_codec_channel_counts() -> None:
+    """The conv is checked at each tiling `blocks_for` picks for the codec's channels, the 96-channel convs
+    (three 32-channel chunks a tap, fewer than the stages) among them."""
+    names = {launch.name for launch in LAUNCHES}
+    assert "triton_conv 96 channels" in names
+    assert {"triton_products swiglu", "triton_products split sums"} <= names
