@@ -97,45 +97,49 @@ def conv_launch(out_channels: int) -> KernelLaunch:
     )
 
 
-def product_launches() -> list[KernelLaunch]:
-    """`triton_products`' SwiGLU and split-sums kernels at their launch constants."""
+def product_launch(
+    name: str, kernel: Any, out: tuple[str, str], sizes: tuple[str, ...], weights: int
+) -> KernelLaunch:
+    """A `triton_products` kernel at its launch constants: weight pointer, activation pointer, output pointer
+    `out` (name, type), int `sizes` (all but the first, the row count, multiples of 16 at the engine's
+    shapes), `weights` weight tiles a step."""
     weight_rows = triton_products.BLOCK_WEIGHT_ROWS
     activation_rows = triton_products.BLOCK_ACTIVATION_ROWS
-    block_k = triton_products.BLOCK_K
-    constants = {"BLOCK_M": weight_rows, "BLOCK_N": activation_rows, "BLOCK_K": block_k}
-    blocks = dict.fromkeys(constants, "constexpr")
+    constants = {"BLOCK_M": weight_rows, "BLOCK_N": activation_rows, "BLOCK_K": triton_products.BLOCK_K}
+    return KernelLaunch(
+        name=name,
+        kernel=kernel,
+        signature={
+            "w_ptr": "*bf16",
+            "x_ptr": "*bf16",
+            out[0]: out[1],
+            **dict.fromkeys(sizes, "i32"),
+            **dict.fromkeys(constants, "constexpr"),
+        },
+        constants=constants,
+        aligned=("w_ptr", "x_ptr", out[0], *sizes[1:]),
+        warps=4,
+        stages=triton_products.STAGES,
+        step_bytes=(weights * weight_rows + activation_rows) * triton_products.BLOCK_K * BF16_BYTES,
+    )
+
+
+def product_launches() -> list[KernelLaunch]:
+    """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step) and split-sums kernels."""
     return [
-        KernelLaunch(
-            name="triton_products swiglu",
-            kernel=triton_products._swiglu_kernel,
-            signature={
-                "w_ptr": "*bf16",
-                "x_ptr": "*bf16",
-                "out_ptr": "*bf16",
-                **dict.fromkeys(("rows", "width", "k"), "i32"),
-                **blocks,
-            },
-            constants=constants,
-            aligned=("w_ptr", "x_ptr", "out_ptr", "width", "k"),
-            warps=4,
-            stages=triton_products.STAGES,
-            step_bytes=(2 * weight_rows + activation_rows) * block_k * BF16_BYTES,
+        product_launch(
+            "triton_products swiglu",
+            triton_products._swiglu_kernel,
+            ("out_ptr", "*bf16"),
+            ("rows", "width", "k"),
+            2,
         ),
-        KernelLaunch(
-            name="triton_products split sums",
-            kernel=triton_products._split_kernel,
-            signature={
-                "w_ptr": "*bf16",
-                "x_ptr": "*bf16",
-                "partial_ptr": "*fp32",
-                **dict.fromkeys(("rows", "m_out", "k", "k_split"), "i32"),
-                **blocks,
-            },
-            constants=constants,
-            aligned=("w_ptr", "x_ptr", "partial_ptr", "m_out", "k", "k_split"),
-            warps=4,
-            stages=triton_products.STAGES,
-            step_bytes=(weight_rows + activation_rows) * block_k * BF16_BYTES,
+        product_launch(
+            "triton_products split sums",
+            triton_products._split_kernel,
+            ("partial_ptr", "*fp32"),
+            ("rows", "m_out", "k", "k_split"),
+            1,
         ),
     ]
 

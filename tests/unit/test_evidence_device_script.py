@@ -6,18 +6,17 @@ here): request mapping, one-at-a-time synthesis, and a whole run of both engines
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from evidence_fakes import FakeFasterModel
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "benchmarks" / "peers"
@@ -35,20 +34,8 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    """Import a script as a module, with its folder on sys.path as when it runs (its sibling imports)."""
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-faster_server = _load("faster_server", PEERS / "faster_server.py")
-evidence_run = _load("evidence_run", SCRIPT)
+faster_server = load_script(PEERS / "faster_server.py")
+evidence_run = load_script(SCRIPT)
 
 
 def _body(**extra: Any) -> dict[str, Any]:

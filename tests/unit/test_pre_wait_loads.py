@@ -6,29 +6,16 @@ on the CPU (about 40 s on 2 cores) and reads the SASS (benchmarks/device/pre_wai
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from script_modules import BENCHMARKS, load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "pre_wait_loads.py"
+SCRIPT = BENCHMARKS / "device" / "pre_wait_loads.py"
 
-
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pre_wait_loads", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pre_wait_loads"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOL = load_tool()
+TOOL = load_script(SCRIPT)
 KernelLoads = TOOL.KernelLoads
 TOOLS = TOOL.sass_tools_folder()
 

@@ -6,28 +6,14 @@ longer compiles, or whose loop lost its pipeline, fails here rather than in a de
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from script_modules import BENCHMARKS, load_script
 
 pytest.importorskip("triton", reason="needs Triton (pip install -e '.[dev]' on x86_64)")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "triton_pipelines.py"
+SCRIPT = BENCHMARKS / "device" / "triton_pipelines.py"
 
-
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("triton_pipelines", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["triton_pipelines"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOL = load_tool()
+TOOL = load_script(SCRIPT)
 LAUNCHES = TOOL.engine_launches()
 
 
