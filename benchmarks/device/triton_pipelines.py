@@ -8,7 +8,9 @@ compiler and its bundled ptxas), with the divisibility the JIT gives at the engi
 kernel the asynchronous copies and wgmma instructions in its PTX and its shared memory, against the bytes of
 `stages` copies of one step's tiles (every stage resident: the loop is pipelined) and against the copy
 instructions of one pipelined loop: a prologue of `stages - 1` steps and one step in the loop, 16 bytes a
-thread an instruction (a loop per tap has as many prologues as taps).
+thread an instruction (a loop per tap has as many prologues as taps); and its registers and stack (spills)
+from the cubin: a 128 x 128 float32 accumulator on 4 warps is 128 registers a thread before any operand, and
+the conv's first tiling for wide weights spilled 312 bytes a thread.
 
 tests/unit/test_triton_pipelines.py holds every kernel to it.
 
@@ -18,7 +20,11 @@ tests/unit/test_triton_pipelines.py holds every kernel to it.
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import triton
@@ -28,6 +34,8 @@ from triton.compiler import ASTSource
 from qwen3_tts_native.engine.kernels import triton_conv, triton_products
 
 HOPPER = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+)")
 BF16_BYTES = 2
 COPY_BYTES = 16  # a thread's asynchronous copy instruction
 
@@ -58,6 +66,8 @@ class Pipeline:
     shared_bytes: int
     staged_bytes: int
     one_loop_async_copies: int
+    registers: int
+    stack_bytes: int
 
     @property
     def pipelined(self) -> bool:
@@ -159,6 +169,15 @@ def compile_for_hopper(launch: KernelLaunch) -> Pipeline:
         source, target=HOPPER, options={"num_warps": launch.warps, "num_stages": launch.stages}
     )
     ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        dump = subprocess.run(
+            [str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True, check=True
+        ).stdout
+    resources = RESOURCES.search(dump)
+    if resources is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output for {launch.name}: {dump[-500:]}")
     return Pipeline(
         name=launch.name,
         async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca") + ptx.count("cp.async.bulk"),
@@ -166,6 +185,8 @@ def compile_for_hopper(launch: KernelLaunch) -> Pipeline:
         shared_bytes=int(compiled.metadata.shared),
         staged_bytes=launch.stages * launch.step_bytes,
         one_loop_async_copies=launch.stages * launch.step_bytes // (launch.warps * 32 * COPY_BYTES),
+        registers=int(resources.group(1)),
+        stack_bytes=int(resources.group(2)),
     )
 
 
@@ -174,11 +195,19 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.parse_args()
-    columns = ("async copies", "one loop", "wgmma", "shared", "staged")
+    columns = ("async copies", "one loop", "wgmma", "shared", "staged", "registers", "stack")
     print(f"{'kernel':30}" + "".join(f" {c:>12}" for c in columns) + "  pipelined")
     for launch in engine_launches():
         p = compile_for_hopper(launch)
-        values = (p.async_copies, p.one_loop_async_copies, p.tensor_core_ops, p.shared_bytes, p.staged_bytes)
+        values = (
+            p.async_copies,
+            p.one_loop_async_copies,
+            p.tensor_core_ops,
+            p.shared_bytes,
+            p.staged_bytes,
+            p.registers,
+            p.stack_bytes,
+        )
         print(f"{p.name:30}" + "".join(f" {v:12}" for v in values) + f"  {'yes' if p.pipelined else 'NO'}")
     return 0
 

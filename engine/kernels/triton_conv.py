@@ -47,8 +47,11 @@ class ConvBlocks(NamedTuple):
 
 def blocks_for(out_channels: int) -> ConvBlocks:
     """The tiling of a weight of `out_channels` rows: a function of the weight's shape alone (the module
-    docstring says why)."""
-    return ConvBlocks(out=64 if out_channels <= 96 else 128, steps=128, channels=32, warps=4, stages=4)
+    docstring says why). A 128 x 128 float32 accumulator takes 8 warps: on 4 (128 registers a thread for it
+    alone) the kernel spilled (benchmarks/device/triton_pipelines.py)."""
+    if out_channels <= 96:
+        return ConvBlocks(out=64, steps=128, channels=32, warps=4, stages=4)
+    return ConvBlocks(out=128, steps=128, channels=32, warps=8, stages=4)
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Every Triton kernel of the engine compiles for Hopper with one pipelined reduction loop: its tiles copied
 asynchronously into `stages` resident buffers and multiplied on wgmma (benchmarks/device/triton_pipelines.py
-says how it is read from the PTX). On the CPU, with Triton's compiler and bundled ptxas: a kernel that no
-longer compiles, or whose loop lost its pipeline, fails here rather than in a device run.
+says how it is read from the PTX), without spilling registers. On the CPU, with Triton's compiler and bundled
+ptxas: a kernel that no longer compiles, lost its pipeline or spills fails here rather than in a device run.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ def test_kernel_compiles_with_one_pipelined_loop(launch: object) -> None:
     assert pipeline.shared_bytes >= pipeline.staged_bytes, "fewer stages resident than the launch asks"
     one_loop = pipeline.one_loop_async_copies
     assert pipeline.async_copies == one_loop, f"{pipeline.async_copies} async copies; one loop has {one_loop}"
+    assert pipeline.stack_bytes == 0, (
+        f"spills {pipeline.stack_bytes} bytes a thread ({pipeline.registers} registers)"
+    )
 
 
 def test_conv_tilings_cover_the_codec_channel_counts() -> None:
