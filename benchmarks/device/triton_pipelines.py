@@ -69,14 +69,22 @@ class Pipeline:
     registers: int
     stack_bytes: int
 
-    @property
-    def pipelined(self) -> bool:
-        """One loop, its tiles copied asynchronously into `stages` resident buffers, its products on wgmma."""
-        return (
-            self.tensor_core_ops > 0
-            and self.async_copies == self.one_loop_async_copies
-            and self.shared_bytes >= self.staged_bytes
-        )
+    def faults(self) -> list[str]:
+        """What keeps the kernel from one pipelined loop on wgmma without spills: none when it is one."""
+        found = []
+        if self.tensor_core_ops == 0:
+            found.append("no wgmma: the products do not run on Hopper's tensor cores")
+        if self.shared_bytes < self.staged_bytes:
+            found.append(
+                f"{self.shared_bytes} bytes of shared memory: fewer stages resident than the launch asks"
+            )
+        if self.async_copies != self.one_loop_async_copies:
+            found.append(
+                f"{self.async_copies} async copies; one pipelined loop has {self.one_loop_async_copies}"
+            )
+        if self.stack_bytes:
+            found.append(f"spills {self.stack_bytes} bytes a thread ({self.registers} registers)")
+        return found
 
 
 def conv_launch(out_channels: int) -> KernelLaunch:
@@ -162,6 +170,8 @@ def engine_launches() -> list[KernelLaunch]:
 
 
 def compile_for_hopper(launch: KernelLaunch) -> Pipeline:
+    """The launch compiled for sm_90 here (the JIT's divisibility on `launch.aligned`), read from its PTX and
+    its cubin's resource usage."""
     names = launch.kernel.arg_names
     attributes = {(names.index(name),): [["tt.divisibility", 16]] for name in launch.aligned}
     source = ASTSource(launch.kernel, launch.signature, constexprs=launch.constants, attrs=attributes)
@@ -196,7 +206,7 @@ def main() -> int:
     )
     parser.parse_args()
     columns = ("async copies", "one loop", "wgmma", "shared", "staged", "registers", "stack")
-    print(f"{'kernel':30}" + "".join(f" {c:>12}" for c in columns) + "  pipelined")
+    print(f"{'kernel':30}" + "".join(f" {c:>12}" for c in columns) + "  faults")
     for launch in engine_launches():
         p = compile_for_hopper(launch)
         values = (
@@ -208,7 +218,7 @@ def main() -> int:
             p.registers,
             p.stack_bytes,
         )
-        print(f"{p.name:30}" + "".join(f" {v:12}" for v in values) + f"  {'yes' if p.pipelined else 'NO'}")
+        print(f"{p.name:30}" + "".join(f" {v:12}" for v in values) + f"  {'; '.join(p.faults()) or 'none'}")
     return 0
 
 

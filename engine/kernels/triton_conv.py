@@ -86,9 +86,9 @@ def _conv_rows_kernel(  # type: ignore[no-untyped-def]
     acc = tl.zeros((BLOCK_OUT, BLOCK_STEPS), dtype=tl.float32)
     # One loop over (tap, channel chunk), not a loop per tap: the pipeline's stages then stay full across taps
     # (a 96-channel conv has 3 chunks a tap, fewer than the stages).
-    for step in tl.range(0, TAPS * chunks):
-        tap = step // chunks
-        c = (step - tap * chunks) * BLOCK_CHANNELS + offs_channel
+    for tap_chunk in tl.range(0, TAPS * chunks):
+        tap = tap_chunk // chunks
+        c = (tap_chunk - tap * chunks) * BLOCK_CHANNELS + offs_channel
         c_mask = c < channels
         w_ptrs = weight_rows + tap * channels + c[None, :]
         s_ptrs = sample_starts + tap * dilation * channels + c[:, None]

@@ -19,14 +19,7 @@ LAUNCHES = TOOL.engine_launches()
 
 @pytest.mark.parametrize("launch", LAUNCHES, ids=[launch.name for launch in LAUNCHES])
 def test_kernel_compiles_with_one_pipelined_loop(launch: object) -> None:
-    pipeline = TOOL.compile_for_hopper(launch)
-    assert pipeline.tensor_core_ops > 0, "no wgmma: the products do not run on Hopper's tensor cores"
-    assert pipeline.shared_bytes >= pipeline.staged_bytes, "fewer stages resident than the launch asks"
-    one_loop = pipeline.one_loop_async_copies
-    assert pipeline.async_copies == one_loop, f"{pipeline.async_copies} async copies; one loop has {one_loop}"
-    assert pipeline.stack_bytes == 0, (
-        f"spills {pipeline.stack_bytes} bytes a thread ({pipeline.registers} registers)"
-    )
+    assert TOOL.compile_for_hopper(launch).faults() == []
 
 
 def test_conv_tilings_cover_the_codec_channel_counts() -> None:
