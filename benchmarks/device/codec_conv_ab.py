@@ -6,7 +6,7 @@ Each conv is what a residual unit runs: SnakeBeta(x + bias) of a channel-major x
 tail kept. Variants, each captured in a CUDA graph and replayed:
 - `unfold_gemm`: `ops.conv_rows` without the tap-major weight (the K-times unfolded columns, then cuBLAS);
 - `implicit`: `ops.conv_rows` with it (the samples copied once, time-major, then triton_conv's kernel);
-- `samples`: that copy alone (the 1-tap unfold with the SnakeBeta, then the transpose);
+- `samples`: that copy alone (`ops.time_major_samples`: one transposing kernel, SnakeBeta applied);
 - `tiling <out>x<steps>x<channels> w<warps> s<stages>`: the kernel alone over those samples, per tiling.
 Each result's relative L2 error to the float32 conv of the same activated bf16 samples is recorded.
 

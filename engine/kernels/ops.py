@@ -535,10 +535,11 @@ def conv_rows(
     tap_major_weight: Tensor | None = None,
 ) -> Tensor:
     """`reference.conv_rows` (a codec conv of [history | x] as rows [O, B * T]). With `tap_major_weight`
-    (weight as [O, K, C], contiguous, kept by the caller), bf16 on Hopper: an implicit GEMM on Triton
-    (triton_conv says why) over the samples [history | SnakeBeta(x)] copied once, time-major (`unfold_columns`
-    as a 1-tap unfold, which also fills `activation_tail`, then a transpose), instead of over the K-times
-    unfolded columns. Elsewhere (float32: the exact codec) `unfold_columns` then one cuBLAS GEMM.
+    (weight as [O, K, C], contiguous, kept by the caller), bf16 on Hopper, at least `triton_conv.MIN_STEPS`
+    steps a stream: an implicit GEMM on Triton (triton_conv says why) over the samples [history |
+    SnakeBeta(x)] written once, time-major (`time_major_samples`, which also fills `activation_tail`), instead
+    of over the K-times unfolded columns. Elsewhere (float32: the exact codec) `unfold_columns` then one
+    cuBLAS GEMM.
     Kernel tolerance: the fp32 sums of the same products in another order, rounded once to bf16 (relative L2
     <= 5e-3 to the reference); `activation_tail` bit-identical."""
     kernel = weight.shape[2]
@@ -546,8 +547,7 @@ def conv_rows(
     if (
         triton_conv is None
         or tap_major_weight is None
-        or steps < 1
-        or not triton_conv.suits(x, tap_major_weight, bias)
+        or not triton_conv.suits(x, tap_major_weight, bias, steps)
     ):
         columns = unfold_columns(x, kernel, dilation, history, snake, activation_tail)
         return reference.product_of_columns(weight, bias, columns)
@@ -562,11 +562,29 @@ def time_major_samples(
     activation_tail: Tensor | None = None,
 ) -> Tensor:
     """A conv's samples [history | SnakeBeta(x)] of x [B, C, T] as rows [B * L, C], contiguous (what
-    `conv_rows`' implicit GEMM reads): a 1-tap `unfold_columns`, which also fills `activation_tail`, then a
-    transpose; x's own transpose when there is neither history nor SnakeBeta."""
-    if history is None and snake is None:
-        return x.transpose(1, 2).reshape(-1, x.shape[1])
-    return unfold_columns(x, 1, 1, history, snake, activation_tail).t().contiguous()
+    `conv_rows`' implicit GEMM reads), filling `activation_tail` as `unfold_columns` does: one transposing
+    kernel (unfold.cu), bit-identical to the reference, a 1-tap unfold then a transpose."""
+    if activation_tail is not None and snake is None:
+        raise ValueError("activation_tail needs snake: it holds the activation's samples")
+    snake_tensors = () if snake is None else tuple(t for t in snake if t is not None)
+    tensors = (x, *snake_tensors) if history is None else (x, history, *snake_tensors)
+    ext = _ext(*tensors, dtype=None)
+    fits = (
+        x.dtype in (torch.float32, torch.bfloat16)
+        and x.dim() == 3
+        and x.shape[0] <= 65535
+        and all(t.dtype == x.dtype and t.is_contiguous() and t.numel() == x.shape[1] for t in snake_tensors)
+        and (
+            activation_tail is None or (activation_tail.dtype == x.dtype and activation_tail.is_contiguous())
+        )
+    )
+    if ext is None or not fits:
+        return reference.time_major_samples(x, history, snake, activation_tail)
+    length = _conv_steps(x, 1, 1, history)
+    out = torch.empty(x.shape[0] * length, x.shape[1], dtype=x.dtype, device=x.device)
+    frequency, inverse_beta, bias = snake if snake is not None else (None, None, None)
+    ext.time_major_samples(out, x, history, frequency, inverse_beta, bias, activation_tail)
+    return out
 
 
 def conv_to_one_channel(

@@ -234,6 +234,18 @@ def unfold_columns(
     return columns.permute(1, 3, 0, 2).reshape(channels * kernel, -1)
 
 
+def time_major_samples(
+    x: Tensor,
+    history: Tensor | None = None,
+    snake: SnakeBetaParameters | None = None,
+    activation_tail: Tensor | None = None,
+) -> Tensor:
+    """samples = [history | x] (x through SnakeBeta with `snake`, filling `activation_tail` as
+    `unfold_columns` does) as rows [B * L, C], row b * L + s holding sample s of stream b: the operand of the
+    implicit-GEMM conv, which reads each tap's columns as whole rows."""
+    return unfold_columns(x, 1, 1, history, snake, activation_tail).t().contiguous()
+
+
 def conv_rows(
     x: Tensor,
     weight: Tensor,

@@ -6,19 +6,23 @@ codec's 64-stream packet (benchmarks/results/2026-12-04-run143, H100) the unfold
 and the 7-tap GEMMs 1.59 ms, both bound by that matrix's bytes (the 96-channel convs: 660 MB a call, for a
 product of 94 MB of samples). Here a block reads its tile of the columns straight from the samples.
 
-The samples are time-major, [B * L, C] (channels contiguous), and the weight tap-major, [O, K, C]: tap j's
-columns for steps t.. of stream b are then the sample rows b * L + t + j * dilation.., whole aligned rows, so
-both operands load as 16-byte vectors into the pipeline's shared memory whatever the dilation (channel-major
-samples would start each tap's rows j * dilation elements off alignment). The reduction runs over (tap,
-channel) in that order with blocks that depend on the weight's shape alone, so an output element's sums do
-not depend on the batch or on where its step falls in a tile: a streamed packet equals the same steps
-decoded in one piece, bit for bit. Only bf16 (the fast codec): the exact codec's float32 convs stay on
-cuBLAS's SGEMMs.
-
-Not yet on the codec's path: `ops.conv_rows` runs it only when given the tap-major weight, which no codec
-module passes until benchmarks/device/codec_conv_ab.py has timed it against the unfold and cuBLAS on the
-device (written in a session that got no device). Only imported where Triton is (ops.py guards it); the
-torch reference is `reference.conv_rows`.
+The samples are time-major, [B * L, C] (channels contiguous; `ops.time_major_samples` writes them in one
+transposing pass, SnakeBeta applied), and the weight tap-major, [O, K, C]: tap j's columns for steps t.. of
+stream b are then the sample rows b * L + t + j * dilation.., whole aligned rows, so both operands load as
+16-byte vectors into the pipeline's shared memory whatever the dilation (channel-major samples would start
+each tap's rows j * dilation elements off alignment). The reduction runs over (tap, channel) in that order
+with blocks that depend on the weight's shape alone, so an output element's sums do not depend on the batch or
+on where its step falls in a tile. Only bf16 (the fast codec): the exact codec's float32 convs stay on
+cuBLAS's SGEMMs. Only where a stream has at least `MIN_STEPS` steps: a block computes one stream's steps, so a
+pass of a few steps a stream (the pre-conv and the decoder's first conv, a one-frame packet's first stage)
+would spend most of its tile on nothing and read the weight once a stream; those stay on the unfold and
+cuBLAS, which fold the streams into one product. Run 159 (an H200, the 64-stream 4-frame packet's twelve
+residual convs, tilings in `codec_conv_ab.py`): the kernel 2.22 ms at `blocks_for`'s tilings against 4.18 for
+the unfold and cuBLAS, but its samples, then a 1-tap unfold and torch's transpose, 4.04 ms; run 160: the whole
+packet 6.50 -> 10.10 ms with the conv on the codec's path. Not on the codec's path until the transposing
+samples kernel (`ops.time_major_samples`, written after those runs) is timed: `ops.conv_rows` runs the kernel
+only when given the tap-major weight, which no codec module passes. Only imported where Triton is (ops.py
+guards it); the torch reference is `reference.conv_rows`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from torch import Tensor
 # The 2-tap convs (the transposed convs' GEMMs: thousands of (channel, phase) rows over the few frames of a
 # packet) stay on cuBLAS: their unfold only doubles a small input.
 MIN_TAPS = 3
+# Steps a stream from which the kernel runs: one full tile of `ConvBlocks.steps`.
+MIN_STEPS = 128
 
 
 class ConvBlocks(NamedTuple):
@@ -47,11 +53,17 @@ class ConvBlocks(NamedTuple):
 
 def blocks_for(out_channels: int) -> ConvBlocks:
     """The tiling of a weight of `out_channels` rows: a function of the weight's shape alone (the module
-    docstring says why). A 128 x 128 float32 accumulator takes 8 warps: on 4 (128 registers a thread for it
-    alone) the kernel spilled (benchmarks/device/triton_pipelines.py)."""
+    docstring says why), the fastest of `codec_conv_ab.py`'s spill-free tilings at the codec's residual convs
+    in run 159 (H200, 64 streams, 4 frames): 96 channels 228 us a conv (within 3% of the best), 192 channels
+    200 (64-channel chunks; 268 with 32), 384 and 768 channels 175 and 132 (128 x 128 on 8 warps, 64-channel
+    chunks, 3 stages; 209-220 and 171-176 with 32-channel chunks and 4 stages). A 128 x 128 float32
+    accumulator takes 8 warps: on 4 (128 registers a thread for it alone) the kernel spilled
+    (benchmarks/device/triton_pipelines.py)."""
     if out_channels <= 96:
         return ConvBlocks(out=64, steps=128, channels=32, warps=4, stages=4)
-    return ConvBlocks(out=128, steps=128, channels=32, warps=8, stages=4)
+    if out_channels <= 192:
+        return ConvBlocks(out=64, steps=128, channels=64, warps=4, stages=3)
+    return ConvBlocks(out=128, steps=128, channels=64, warps=8, stages=3)
 
 
 @triton.jit
@@ -103,12 +115,12 @@ def _conv_rows_kernel(  # type: ignore[no-untyped-def]
     tl.store(out_ptrs, out, mask=out_mask[:, None] & step_mask[None, :])
 
 
-def suits(x: Tensor, tap_major_weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether the kernel takes these operands: a Hopper (or later) GPU, bf16 x [B, C, T], a contiguous bf16
-    tap-major weight [O, K, C] of at least `MIN_TAPS` taps with C a multiple of 8 (16-byte rows), a
-    contiguous bf16 bias [O] if any."""
+def suits(x: Tensor, tap_major_weight: Tensor, bias: Tensor | None, steps: int) -> bool:
+    """Whether the kernel takes these operands: a Hopper (or later) GPU, bf16 x [B, C, T] giving at least
+    `MIN_STEPS` output `steps` a stream, a contiguous bf16 tap-major weight [O, K, C] of at least `MIN_TAPS`
+    taps with C a multiple of 8 (16-byte rows), a contiguous bf16 bias [O] if any."""
     tensors = (x, tap_major_weight) if bias is None else (x, tap_major_weight, bias)
-    if not all(t.is_cuda and t.dtype == torch.bfloat16 for t in tensors):
+    if steps < MIN_STEPS or not all(t.is_cuda and t.dtype == torch.bfloat16 for t in tensors):
         return False
     if x.dim() != 3 or tap_major_weight.dim() != 3 or tap_major_weight.shape[2] != x.shape[1]:
         return False

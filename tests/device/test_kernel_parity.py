@@ -27,6 +27,7 @@ Tolerances, per op:
   every one of the 65536 bf16 arguments, tested over all of them).
 - unfold_columns: bit-identical (a copy); with `snake`, bit-identical to snake_beta then the copy, and its
   `activation_tail` to snake_beta's last samples.
+- time_major_samples: bit-identical to the reference (the 1-tap unfold, transposed), its tail as the unfold's.
 - interleave_phases: bit-identical (a copy with one rounding of a + b, as torch's add).
 - gather_rows, scatter_rows_: bit-identical (copies).
 - conv_to_one_channel: float32 within 1e-5 relative L2 of the float64 conv, bf16 within 4e-3 (its output
@@ -754,6 +755,46 @@ def test_unfold_columns_with_snake_is_snake_then_unfold(  # type: ignore[no-unty
         )
         assert torch.equal(with_tail, got)
         assert torch.equal(tail, activated[..., length - n :])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("with_snake", [False, True])
+@pytest.mark.parametrize(
+    "batch,channels,context,length",
+    [
+        (64, 96, 54, 7680),
+        (64, 768, 6, 128),
+        (2, 40, 18, 13),
+        (3, 24, 0, 300),
+        (5, 130, 7, 65),
+    ],
+)
+def test_time_major_samples_is_the_transposed_unfold(  # type: ignore[no-untyped-def]
+    ext, dtype: torch.dtype, with_snake: bool, batch: int, channels: int, context: int, length: int
+) -> None:
+    """The implicit-GEMM conv's operand, [history | SnakeBeta(x)] as rows [B * L, C], bit for bit the
+    reference's (a 1-tap unfold, transposed), from a channel-major x: the codec's 64-stream shapes, tiles
+    partial in samples and channels, a history longer than x, none at all. The activation tail, when written,
+    is the unfold's, for n = 1 and the whole x."""
+    x = torch.randn(batch, channels, length, device="cuda").to(dtype)
+    x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    history = torch.randn(batch, channels, context, device="cuda").to(dtype) if context else None
+    snake = None
+    if with_snake:
+        frequency = (0.3 * torch.randn(channels, device="cuda")).exp().to(dtype)
+        inverse_beta = 1.0 / ((0.3 * torch.randn(channels, device="cuda")).exp() + 1e-9).to(dtype)
+        bias = (0.1 * torch.randn(channels, device="cuda")).to(dtype)
+        snake = reference.SnakeBetaParameters(frequency, inverse_beta, bias)
+    got = ops.time_major_samples(x, history, snake)
+    assert got.shape == (batch * (context + length), channels) and got.is_contiguous()
+    assert torch.equal(got, reference.time_major_samples(x, history, snake))
+    if snake is not None:
+        for n in sorted({1, length}):
+            tail = torch.full((batch, channels, n), float("nan"), device="cuda").to(dtype)
+            expected_tail = torch.full_like(tail, float("nan"))
+            assert torch.equal(ops.time_major_samples(x, history, snake, tail), got)
+            ops.unfold_columns(x, 1, 1, history, snake, expected_tail)
+            assert torch.equal(tail, expected_tail)
 
 
 def test_unfold_columns_checks_the_activation_tail(ext) -> None:  # type: ignore[no-untyped-def]

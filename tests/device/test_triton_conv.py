@@ -95,7 +95,8 @@ def test_conv_rows_is_batch_and_split_invariant(
     assert torch.equal(alone, per_stream[:, last])
     context = history.shape[-1]
     samples_whole = torch.cat([history, x], dim=-1)
-    for cut in sorted({context + 1, context + samples // 2}):
+    # Both pieces on the kernel: each of at least MIN_STEPS steps.
+    for cut in sorted({context + ops.triton_conv.MIN_STEPS, context + samples // 2}):
         first = ops.conv_rows(samples_whole[..., :cut], *weights, tap_major_weight=tap_major(weight)).view(
             channels, streams, -1
         )
@@ -108,7 +109,7 @@ def test_conv_rows_is_batch_and_split_invariant(
         assert torch.equal(torch.cat([first, rest], dim=-1), per_stream)
 
 
-@pytest.mark.parametrize("streams,channels,samples,dilation", [SHAPES[0], SHAPES[3], SHAPES[5]])
+@pytest.mark.parametrize("streams,channels,samples,dilation", [SHAPES[0], SHAPES[3], SHAPES[6]])
 def test_conv_rows_with_snake_fills_the_activation_tail(
     hopper: None, streams: int, channels: int, samples: int, dilation: int
 ) -> None:
@@ -129,3 +130,12 @@ def test_conv_rows_with_snake_fills_the_activation_tail(
     )
     expected = reference.conv_rows(activated.float(), weight.float(), bias.float(), dilation, history.float())
     assert rel(got, expected) <= 5e-3
+
+
+def test_conv_rows_of_few_steps_stays_on_the_unfold(hopper: None) -> None:
+    """Below `MIN_STEPS` steps a stream (a one-frame packet's first stage), the unfold and cuBLAS's product,
+    bit for bit, though the tap-major weight is given."""
+    x, history, weight, bias = operands(4, 768, 32, 1, seed=4)
+    got = ops.conv_rows(x, weight, bias, 1, history, tap_major_weight=tap_major(weight))
+    expected = reference.product_of_columns(weight, bias, ops.unfold_columns(x, 7, 1, history))
+    assert torch.equal(got, expected)

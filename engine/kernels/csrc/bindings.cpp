@@ -426,8 +426,36 @@ int64_t conv_length(const q3tts::UnfoldInput& input, const at::Tensor& x, int64_
   return length;
 }
 
-// With `frequency` and `inverse_beta` (and optionally `bias`), x's samples go through SnakeBeta(x + bias), and
-// `tail` [B, C, n] (optional) receives the activation of x's last n samples.
+// SnakeBeta(x + bias) for x's samples, checked: `frequency` and `inverse_beta` (and optionally `bias`), and `tail`
+// [B, C, n] (optional), n <= `steps`, for the activation of the last n samples read. None without `frequency`.
+c10::optional<q3tts::SnakeParameters> snake_parameters(const at::Tensor& x, int64_t steps,
+                                                      const c10::optional<at::Tensor>& frequency,
+                                                      const c10::optional<at::Tensor>& inverse_beta,
+                                                      const c10::optional<at::Tensor>& bias,
+                                                      const c10::optional<at::Tensor>& tail) {
+  TORCH_CHECK(frequency.has_value() == inverse_beta.has_value() &&
+                  (frequency.has_value() || (!bias.has_value() && !tail.has_value())),
+              "SnakeBeta needs frequency and inverse_beta (bias and tail optional)");
+  if (!frequency.has_value()) return c10::nullopt;
+  const auto channel_vector = [&](const at::Tensor& t, const char* name) -> const void* {
+    check(t, name, x.scalar_type());
+    TORCH_CHECK(t.is_contiguous() && t.numel() == x.size(1), name, " must be contiguous [channels]");
+    return t.data_ptr();
+  };
+  q3tts::SnakeParameters snake{channel_vector(*frequency, "frequency"), channel_vector(*inverse_beta, "inverse_beta"),
+                               bias.has_value() ? channel_vector(*bias, "bias") : nullptr};
+  if (tail.has_value()) {
+    check(*tail, "tail", x.scalar_type());
+    TORCH_CHECK(tail->is_contiguous() && tail->dim() == 3 && tail->size(0) == x.size(0) &&
+                    tail->size(1) == x.size(1) && tail->size(2) >= 1 && tail->size(2) <= steps,
+                "tail must be contiguous [batch, channels, n] with 1 <= n <= the conv's steps");
+    snake.tail = tail->data_ptr();
+    snake.tail_length = tail->size(2);
+  }
+  return snake;
+}
+
+// With `frequency` and `inverse_beta`, x's samples go through SnakeBeta (`snake_parameters`).
 void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, int64_t kernel,
                     int64_t dilation, c10::optional<at::Tensor> frequency, c10::optional<at::Tensor> inverse_beta,
                     c10::optional<at::Tensor> bias, c10::optional<at::Tensor> tail) {
@@ -437,31 +465,27 @@ void unfold_columns(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> hist
   TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(1) * kernel &&
                   out.size(1) == x.size(0) * length,
               "out must be contiguous [channels * kernel, batch * (samples - span)]");
-  TORCH_CHECK(frequency.has_value() == inverse_beta.has_value() &&
-                  (frequency.has_value() || (!bias.has_value() && !tail.has_value())),
-              "SnakeBeta needs frequency and inverse_beta (bias and tail optional)");
-  const auto channel_vector = [&](const at::Tensor& t, const char* name) -> const void* {
-    check(t, name, x.scalar_type());
-    TORCH_CHECK(t.is_contiguous() && t.numel() == x.size(1), name, " must be contiguous [channels]");
-    return t.data_ptr();
-  };
-  q3tts::SnakeParameters snake{nullptr, nullptr, nullptr};
-  if (frequency.has_value()) {
-    snake = {channel_vector(*frequency, "frequency"), channel_vector(*inverse_beta, "inverse_beta"),
-             bias.has_value() ? channel_vector(*bias, "bias") : nullptr};
-  }
-  if (tail.has_value()) {
-    check(*tail, "tail", x.scalar_type());
-    TORCH_CHECK(tail->is_contiguous() && tail->dim() == 3 && tail->size(0) == x.size(0) &&
-                    tail->size(1) == x.size(1) && tail->size(2) >= 1 && tail->size(2) <= length,
-                "tail must be contiguous [batch, channels, n] with 1 <= n <= the conv's steps");
-    snake.tail = tail->data_ptr();
-    snake.tail_length = tail->size(2);
-  }
+  const auto snake = snake_parameters(x, length, frequency, inverse_beta, bias, tail);
   const c10::cuda::CUDAGuard guard(x.device());
-  ok(q3tts::unfold_columns(out.data_ptr(), input, frequency.has_value() ? &snake : nullptr, kernel, length, dilation,
+  ok(q3tts::unfold_columns(out.data_ptr(), input, snake.has_value() ? &*snake : nullptr, kernel, length, dilation,
                            static_cast<int>(x.element_size()), stream()),
      "unfold_columns");
+}
+
+// The samples [history | x] (x's through SnakeBeta with `frequency`) time-major into out [B * L, C].
+void time_major_samples(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history,
+                        c10::optional<at::Tensor> frequency, c10::optional<at::Tensor> inverse_beta,
+                        c10::optional<at::Tensor> bias, c10::optional<at::Tensor> tail) {
+  const q3tts::UnfoldInput input = conv_samples(x, history);
+  const int64_t length = conv_length(input, x, 1, 1);
+  check(out, "out", x.scalar_type());
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) * length && out.size(1) == x.size(1),
+              "out must be contiguous [batch * (context + samples), channels]");
+  const auto snake = snake_parameters(x, length, frequency, inverse_beta, bias, tail);
+  const c10::cuda::CUDAGuard guard(x.device());
+  ok(q3tts::time_major_samples(out.data_ptr(), input, snake.has_value() ? &*snake : nullptr, length,
+                               static_cast<int>(x.element_size()), stream()),
+     "time_major_samples");
 }
 
 void conv_to_one_channel(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> history, at::Tensor weight,
@@ -747,6 +771,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample", &sample);
   m.def("snake_beta", &snake_beta);
   m.def("unfold_columns", &unfold_columns);
+  m.def("time_major_samples", &time_major_samples);
   m.def("conv_to_one_channel", &conv_to_one_channel);
   m.def("interleave_phases", &interleave_phases);
   m.def("codec_window_attention", &codec_window_attention);

@@ -142,6 +142,11 @@ struct SnakeParameters {
 cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t kernel,
                            int64_t length, int64_t dilation, int element_bytes, cudaStream_t stream);
 
+// The same samples time-major: out[b * length + s, c] = s[b, c, s], out contiguous [B * length, C], length =
+// context + x's samples; `snake` as for unfold_columns (its tail: the last tail_length samples). Bit-exact.
+cudaError_t time_major_samples(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t length,
+                               int element_bytes, cudaStream_t stream);
+
 // out[b, t] = bias + sum over c, k of weight[c, k] * s[b, c, k * dilation + t] (fp32 sums, rounded once to the
 // element type): the conv of the same samples to one output channel, computed directly instead of unfolded.
 // out contiguous [B, length]; weight contiguous [C, K]; bias one element or null.
