@@ -457,6 +457,28 @@ def _conv_steps(x: Tensor, kernel: int, dilation: int, history: Tensor | None) -
     return context + x.shape[-1] - (kernel - 1) * dilation
 
 
+def _samples_extension(  # type: ignore[no-untyped-def]
+    x: Tensor, history: Tensor | None, snake: SnakeBetaParameters | None, activation_tail: Tensor | None
+):
+    """The extension, when its kernels over a conv's samples [history | SnakeBeta(x)] (unfold.cu) take these
+    operands: float32 or bf16 x [B, C, T], SnakeBeta's tensors and the tail contiguous and of x's type; None
+    where the reference must run. A tail needs SnakeBeta: it holds the activation's samples."""
+    if activation_tail is not None and snake is None:
+        raise ValueError("activation_tail needs snake: it holds the activation's samples")
+    snake_tensors = () if snake is None else tuple(t for t in snake if t is not None)
+    tensors = (x, *snake_tensors) if history is None else (x, history, *snake_tensors)
+    ext = _ext(*tensors, dtype=None)
+    fits = (
+        x.dtype in (torch.float32, torch.bfloat16)
+        and x.dim() == 3
+        and all(t.dtype == x.dtype and t.is_contiguous() and t.numel() == x.shape[1] for t in snake_tensors)
+        and (
+            activation_tail is None or (activation_tail.dtype == x.dtype and activation_tail.is_contiguous())
+        )
+    )
+    return ext if fits else None
+
+
 def unfold_columns(
     x: Tensor,
     kernel: int,
@@ -472,24 +494,11 @@ def unfold_columns(
     arithmetic), so the activation before a conv is not written out and read back; it writes the activation
     of x's last n samples into `activation_tail` [B, C, n] (contiguous, n <= T) when given: the conv's next
     history, without a kernel of its own."""
-    if activation_tail is not None and snake is None:
-        raise ValueError("activation_tail needs snake: it holds the activation's samples")
-    snake_tensors = () if snake is None else tuple(t for t in snake if t is not None)
-    tensors = (x, *snake_tensors) if history is None else (x, history, *snake_tensors)
-    ext = _ext(*tensors, dtype=None)
+    ext = _samples_extension(x, history, snake, activation_tail)
     # A 1-tap conv without history has nothing to unfold: torch's reshape is a view when the layout allows
     # one (a copy only when not), and the GEMM then reads x as it is stored.
     unfolds = kernel > 1 or history is not None
-    fits = (
-        unfolds
-        and x.dtype in (torch.float32, torch.bfloat16)
-        and x.dim() == 3
-        and all(t.dtype == x.dtype and t.is_contiguous() and t.numel() == x.shape[1] for t in snake_tensors)
-        and (
-            activation_tail is None or (activation_tail.dtype == x.dtype and activation_tail.is_contiguous())
-        )
-    )
-    if ext is None or not fits:
+    if ext is None or not unfolds:
         return reference.unfold_columns(x, kernel, dilation, history, snake, activation_tail)
     batch, channels, _ = x.shape
     length = _conv_steps(x, kernel, dilation, history)
@@ -564,21 +573,8 @@ def time_major_samples(
     """A conv's samples [history | SnakeBeta(x)] of x [B, C, T] as rows [B * L, C], contiguous (what
     `conv_rows`' implicit GEMM reads), filling `activation_tail` as `unfold_columns` does: one transposing
     kernel (unfold.cu), bit-identical to the reference, a 1-tap unfold then a transpose."""
-    if activation_tail is not None and snake is None:
-        raise ValueError("activation_tail needs snake: it holds the activation's samples")
-    snake_tensors = () if snake is None else tuple(t for t in snake if t is not None)
-    tensors = (x, *snake_tensors) if history is None else (x, history, *snake_tensors)
-    ext = _ext(*tensors, dtype=None)
-    fits = (
-        x.dtype in (torch.float32, torch.bfloat16)
-        and x.dim() == 3
-        and x.shape[0] <= 65535
-        and all(t.dtype == x.dtype and t.is_contiguous() and t.numel() == x.shape[1] for t in snake_tensors)
-        and (
-            activation_tail is None or (activation_tail.dtype == x.dtype and activation_tail.is_contiguous())
-        )
-    )
-    if ext is None or not fits:
+    ext = _samples_extension(x, history, snake, activation_tail)
+    if ext is None or x.shape[0] > 65535:
         return reference.time_major_samples(x, history, snake, activation_tail)
     length = _conv_steps(x, 1, 1, history)
     out = torch.empty(x.shape[0] * length, x.shape[1], dtype=x.dtype, device=x.device)

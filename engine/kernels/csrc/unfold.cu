@@ -450,12 +450,20 @@ cudaError_t conv_to_one_channel(void* out, const UnfoldInput& input, const void*
   return cudaErrorInvalidValue;
 }
 
+namespace {
+// A history wherever it has samples; SnakeBeta's frequency and inverse beta when it is set, and a tail of 1 to
+// `length` samples.
+bool valid_samples(const UnfoldInput& input, const SnakeParameters* snake, int64_t length) {
+  if (input.context > 0 && input.history == nullptr) return false;
+  return snake == nullptr || (snake->frequency != nullptr && snake->inverse_beta != nullptr &&
+                              (snake->tail == nullptr || (snake->tail_length >= 1 && snake->tail_length <= length)));
+}
+}  // namespace
+
 cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t kernel,
                            int64_t length, int64_t dilation, int element_bytes, cudaStream_t stream) {
   if (length > INT32_MAX || input.batch > INT32_MAX || kernel > INT32_MAX || input.context > INT32_MAX ||
-      (input.context > 0 && input.history == nullptr) ||
-      (snake != nullptr && (snake->frequency == nullptr || snake->inverse_beta == nullptr ||
-                            (snake->tail != nullptr && (snake->tail_length < 1 || snake->tail_length > length))))) {
+      !valid_samples(input, snake, length)) {
     return cudaErrorInvalidValue;
   }
   if (element_bytes == 4) return launch<float>(out, input, snake, kernel, length, dilation, stream);
@@ -465,10 +473,7 @@ cudaError_t unfold_columns(void* out, const UnfoldInput& input, const SnakeParam
 
 cudaError_t time_major_samples(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t length,
                                int element_bytes, cudaStream_t stream) {
-  if (length > INT32_MAX || input.channels > INT32_MAX || input.batch > 65535 ||
-      (input.context > 0 && input.history == nullptr) ||
-      (snake != nullptr && (snake->frequency == nullptr || snake->inverse_beta == nullptr ||
-                            (snake->tail != nullptr && (snake->tail_length < 1 || snake->tail_length > length))))) {
+  if (length > INT32_MAX || input.channels > INT32_MAX || input.batch > 65535 || !valid_samples(input, snake, length)) {
     return cudaErrorInvalidValue;
   }
   if (element_bytes == 4) return launch_time_major<float>(out, input, snake, length, stream);
