@@ -13,20 +13,21 @@ stream b are then the sample rows b * L + t + j * dilation.., whole aligned rows
 each tap's rows j * dilation elements off alignment). The reduction runs over (tap, channel) in that order
 with blocks that depend on the weight's shape alone, so an output element's sums do not depend on the batch or
 on where its step falls in a tile. Only bf16 (the fast codec): the exact codec's float32 convs stay on
-cuBLAS's SGEMMs. Only where a stream has at least `MIN_STEPS` steps: a block computes one stream's steps, so a
-pass of a few steps a stream (the pre-conv and the decoder's first conv, a one-frame packet's first stage)
-would spend most of its tile on nothing and read the weight once a stream; those stay on the unfold and
-cuBLAS, which fold the streams into one product. Run 159 (an H200, the 64-stream 4-frame packet's twelve
-residual convs, tilings in `codec_conv_ab.py`): the kernel 2.22 ms at `blocks_for`'s tilings against 4.18 for
-the unfold and cuBLAS, but its samples, then a 1-tap unfold and torch's transpose, 4.04 ms; run 160: the whole
-packet 6.50 -> 10.10 ms with the conv on the codec's path. Not on the codec's path until the transposing
-samples kernel (`ops.time_major_samples`, written after those runs) is timed: `ops.conv_rows` runs the kernel
-only when given the tap-major weight, which no codec module passes. Only imported where Triton is (ops.py
-guards it); the torch reference is `reference.conv_rows`.
+cuBLAS's SGEMMs. Only where a stream has at least `MIN_STEPS` steps and the grid has a block a multiprocessor
+(`suits` says why): a block computes one stream's steps, so a pass of a few steps a stream (the pre-conv and
+the decoder's first conv, a one-frame packet's first stage) would spend most of its tile on nothing and read
+the weight once a stream; those stay on the unfold and cuBLAS, which fold the streams into one product. Run
+159 (an H200, the 64-stream 4-frame packet's twelve residual convs, tilings in `codec_conv_ab.py`): the kernel
+2.22 ms at `blocks_for`'s tilings against 4.18 for the unfold and cuBLAS. Run 161 (an H100), with the
+transposing samples kernel (1.36 ms for those convs' samples): the 64-stream packet 7.71 -> 7.01 ms, the
+16-stream one 2.33 -> 2.22 with the conv on the codec's path. Not on the codec's path yet: `ops.conv_rows` runs
+the kernel only when given the tap-major weight, which no codec module passes. Only imported where Triton is
+(ops.py guards it); the torch reference is `reference.conv_rows`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -118,7 +119,11 @@ def _conv_rows_kernel(  # type: ignore[no-untyped-def]
 def suits(x: Tensor, tap_major_weight: Tensor, bias: Tensor | None, steps: int) -> bool:
     """Whether the kernel takes these operands: a Hopper (or later) GPU, bf16 x [B, C, T] giving at least
     `MIN_STEPS` output `steps` a stream, a contiguous bf16 tap-major weight [O, K, C] of at least `MIN_TAPS`
-    taps with C a multiple of 8 (16-byte rows), a contiguous bf16 bias [O] if any."""
+    taps with C a multiple of 8 (16-byte rows), a contiguous bf16 bias [O] if any; and a grid of at least a
+    block a multiprocessor. Below that (a one-stream packet's convs: 6 blocks for the 768-channel one, 120 for
+    the 96-channel one) the blocks each reduce over all K * C columns while cuBLAS splits that reduction over
+    the idle multiprocessors: run 161 (an H100), one-stream packets 0.73 -> 0.87 ms (one frame) and
+    0.81 -> 1.06 (four) with every 128-step conv on the kernel."""
     tensors = (x, tap_major_weight) if bias is None else (x, tap_major_weight, bias)
     if steps < MIN_STEPS or not all(t.is_cuda and t.dtype == torch.bfloat16 for t in tensors):
         return False
@@ -128,7 +133,20 @@ def suits(x: Tensor, tap_major_weight: Tensor, bias: Tensor | None, steps: int) 
         return False
     if bias is not None and not (bias.dim() == 1 and bias.is_contiguous()):
         return False
-    return torch.cuda.get_device_capability(x.device)[0] >= 9
+    if torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    return grid_blocks(tap_major_weight.shape[0], steps, x.shape[0]) >= _multiprocessors(x.device)
+
+
+def grid_blocks(out_channels: int, steps: int, streams: int) -> int:
+    """The blocks of a launch at `blocks_for`'s tiling: output channel tiles x step tiles x streams."""
+    tiling = blocks_for(out_channels)
+    return triton.cdiv(out_channels, tiling.out) * triton.cdiv(steps, tiling.steps) * streams
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def conv_rows(

@@ -764,6 +764,8 @@ def test_unfold_columns_with_snake_is_snake_then_unfold(  # type: ignore[no-unty
     [
         (64, 96, 54, 7680),
         (64, 768, 6, 128),
+        (4, 64, 12, 1000),
+        (2, 40, 18, 16),
         (2, 40, 18, 13),
         (3, 24, 0, 300),
         (5, 130, 7, 65),
@@ -773,9 +775,10 @@ def test_time_major_samples_is_the_transposed_unfold(  # type: ignore[no-untyped
     ext, dtype: torch.dtype, with_snake: bool, batch: int, channels: int, context: int, length: int
 ) -> None:
     """The implicit-GEMM conv's operand, [history | SnakeBeta(x)] as rows [B * L, C], bit for bit the
-    reference's (a 1-tap unfold, transposed), from a channel-major x: the codec's 64-stream shapes, tiles
-    partial in samples and channels, a history longer than x, none at all. The activation tail, when written,
-    is the unfold's, for n = 1 and the whole x."""
+    reference's (a 1-tap unfold, transposed), from a channel-major x: the codec's 64-stream shapes, 16-byte
+    vectors with a partial history block or a partial channel block, element by element (rows that are not
+    whole vectors) with partial blocks, a history longer than x, none at all. The activation tail, when
+    written, is the unfold's, for n = 1 and the whole x."""
     x = torch.randn(batch, channels, length, device="cuda").to(dtype)
     x = x.transpose(0, 1).contiguous().transpose(0, 1)
     history = torch.randn(batch, channels, context, device="cuda").to(dtype) if context else None

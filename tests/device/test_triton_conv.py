@@ -1,5 +1,6 @@
-"""The bf16 codec's implicit-GEMM convs (engine/kernels/triton_conv.py, `ops.conv_rows` given the tap-major
-weight) against the torch reference: its error, its batch and split invariance, and the samples it copies.
+"""The bf16 codec's implicit-GEMM convs (engine/kernels/triton_conv.py over `ops.time_major_samples`)
+against the torch reference: its error, its batch and split invariance, the samples it copies; and which
+convs `ops.conv_rows` gives it when handed the tap-major weight.
 
 Tolerances:
 - conv_rows: relative L2 <= 5e-3 to the float32 conv of the same bf16 operands (`reference.conv_rows` in
@@ -62,6 +63,20 @@ def tap_major(weight: torch.Tensor) -> torch.Tensor:
     return weight.permute(0, 2, 1).contiguous()
 
 
+def implicit(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int,
+    history: torch.Tensor | None = None,
+    snake: reference.SnakeBetaParameters | None = None,
+    activation_tail: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel's conv of [history | x] whatever the grid (`ops.conv_rows` routes small ones elsewhere)."""
+    samples = ops.time_major_samples(x, history, snake, activation_tail)
+    return ops.triton_conv.conv_rows(samples, tap_major(weight), bias, dilation, x.shape[0])
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("streams,channels,samples,dilation", SHAPES)
 def test_conv_rows_is_the_conv(
@@ -69,15 +84,13 @@ def test_conv_rows_is_the_conv(
 ) -> None:
     x, history, weight, bias = operands(streams, channels, samples, dilation)
     b = bias if with_bias else None
-    got = ops.conv_rows(x, weight, b, dilation, history, tap_major_weight=tap_major(weight))
+    got = implicit(x, weight, b, dilation, history)
     expected = reference.conv_rows(
         x.float(), weight.float(), None if b is None else b.float(), dilation, history.float()
     )
     assert got.shape == (channels, streams * samples) and got.dtype == BF16
     assert rel(got, expected) <= 5e-3
-    assert torch.equal(
-        got, ops.conv_rows(x, weight, b, dilation, history, tap_major_weight=tap_major(weight))
-    )
+    assert torch.equal(got, implicit(x, weight, b, dilation, history))
 
 
 @pytest.mark.parametrize("streams,channels,samples,dilation", [SHAPES[1], SHAPES[3], SHAPES[6]])
@@ -88,25 +101,17 @@ def test_conv_rows_is_batch_and_split_invariant(
     history and the rest: the same bits either way."""
     x, history, weight, bias = operands(streams, channels, samples, dilation, seed=1)
     weights = (weight, bias, dilation)
-    whole = ops.conv_rows(x, *weights, history, tap_major_weight=tap_major(weight))
+    whole = implicit(x, *weights, history)
     per_stream = whole.view(channels, streams, samples)
     last = streams - 1
-    alone = ops.conv_rows(x[last:], *weights, history[last:], tap_major_weight=tap_major(weight))
+    alone = implicit(x[last:], *weights, history[last:])
     assert torch.equal(alone, per_stream[:, last])
     context = history.shape[-1]
     samples_whole = torch.cat([history, x], dim=-1)
-    # Both pieces on the kernel: each of at least MIN_STEPS steps.
     for cut in sorted({context + ops.triton_conv.MIN_STEPS, context + samples // 2}):
-        first = ops.conv_rows(samples_whole[..., :cut], *weights, tap_major_weight=tap_major(weight)).view(
-            channels, streams, -1
-        )
-        rest = ops.conv_rows(
-            samples_whole[..., cut:],
-            *weights,
-            samples_whole[..., cut - context : cut],
-            tap_major_weight=tap_major(weight),
-        ).view(channels, streams, -1)
-        assert torch.equal(torch.cat([first, rest], dim=-1), per_stream)
+        first = implicit(samples_whole[..., :cut], *weights).view(channels, streams, -1)
+        rest = implicit(samples_whole[..., cut:], *weights, samples_whole[..., cut - context : cut])
+        assert torch.equal(torch.cat([first, rest.view(channels, streams, -1)], dim=-1), per_stream)
 
 
 @pytest.mark.parametrize("streams,channels,samples,dilation", [SHAPES[0], SHAPES[3], SHAPES[6]])
@@ -122,12 +127,10 @@ def test_conv_rows_with_snake_fills_the_activation_tail(
     snake = reference.SnakeBetaParameters(frequency, inverse_beta, snake_bias)
     context = history.shape[-1]
     tail = torch.full((streams, channels, context), float("nan"), device="cuda").to(BF16)
-    got = ops.conv_rows(x, weight, bias, dilation, history, snake, tail, tap_major(weight))
+    got = implicit(x, weight, bias, dilation, history, snake, tail)
     activated = ops.snake_beta(x, frequency, inverse_beta, snake_bias)
     assert torch.equal(tail, activated[..., samples - context :])
-    assert torch.equal(
-        got, ops.conv_rows(activated, weight, bias, dilation, history, tap_major_weight=tap_major(weight))
-    )
+    assert torch.equal(got, implicit(activated, weight, bias, dilation, history))
     expected = reference.conv_rows(activated.float(), weight.float(), bias.float(), dilation, history.float())
     assert rel(got, expected) <= 5e-3
 
@@ -139,3 +142,25 @@ def test_conv_rows_of_few_steps_stays_on_the_unfold(hopper: None) -> None:
     got = ops.conv_rows(x, weight, bias, 1, history, tap_major_weight=tap_major(weight))
     expected = reference.product_of_columns(weight, bias, ops.unfold_columns(x, 7, 1, history))
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("streams,channels,samples", [(1, 768, 128), (1, 96, 7680), (16, 768, 128)])
+def test_conv_rows_of_a_small_grid_stays_on_the_unfold(
+    hopper: None, streams: int, channels: int, samples: int
+) -> None:
+    """A grid of fewer blocks than multiprocessors (a one-stream packet's convs, the 16-stream packet's
+    768-channel one) goes to the unfold and cuBLAS's product, bit for bit, though the tap-major weight is
+    given."""
+    x, history, weight, bias = operands(streams, channels, samples, 1, seed=5)
+    blocks = ops.triton_conv.grid_blocks(channels, samples, streams)
+    assert blocks < torch.cuda.get_device_properties(0).multi_processor_count
+    got = ops.conv_rows(x, weight, bias, 1, history, tap_major_weight=tap_major(weight))
+    expected = reference.product_of_columns(weight, bias, ops.unfold_columns(x, 7, 1, history))
+    assert torch.equal(got, expected)
+
+
+def test_conv_rows_of_a_full_grid_takes_the_kernel(hopper: None) -> None:
+    """The 64-stream packet's 96-channel conv (7,680 blocks): the kernel's bits."""
+    x, history, weight, bias = operands(*SHAPES[3], seed=6)
+    got = ops.conv_rows(x, weight, bias, SHAPES[3][3], history, tap_major_weight=tap_major(weight))
+    assert torch.equal(got, implicit(x, weight, bias, SHAPES[3][3], history))
