@@ -1,9 +1,10 @@
-"""One captured codec packet's replay time at 1, 16 and 64 streams (4 frames; and the 1-frame first packet
+"""One captured codec packet's replay time at 1, 4, 16 and 64 streams (4 frames; and the 1-frame first packet
 of one stream), float32 (exact) and bf16 (fast) codecs, and the waveforms of one fixed set of codes, for the
 code on PYTHONPATH. Run it for two trees in one call to compare them on one machine (`--compare`).
 
 Why: a codec change that restructures the decoder (a bias carried instead of added, a kernel in place of a
-GEMM) cannot be switched inside one process the way `codec_unfold_ab.py` switches one op.
+GEMM) cannot be switched inside one process the way `codec_unfold_ab.py` switches one op. Four streams: a
+batch where a routing by grid size (`triton_conv.suits`) sends some of a packet's convs each way.
 
 Usage: python benchmarks/device/codec_packet_time.py --model SNAPSHOT --out DIR --tag NAME
        python benchmarks/device/codec_packet_time.py --compare DIR BASE NEW
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-BATCHES = (1, 16, 64)
+BATCHES = (1, 4, 16, 64)
 FRAMES = 4
 
 
