@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Session 45, call 2 (~330 s, warm after call 1): a second (and third) round of session 41's 64-row cost,
+# the checkout against af25462 (tree base), frames only, the rounds interleaved.
+S=$(date +%s)
+left() { echo $(( ${TOTAL:-330} - ($(date +%s) - S) )); }
+if [ ! -d /tmp/q3tts/full ]; then
+  ( cd .whl/tree-base && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-base MAX_JOBS=6 PYTHONPATH=$PWD:/tmp/site_common \
+      timeout 150 python3 -m qwen3_tts_native.engine.kernels build > /tmp/q3tts-build-base.log 2>&1; echo "tree base build rc=$?" ) &
+  PHASES="setup build snapshot" BUDGET_S=120 bash benchmarks/device/run_all.sh 2>&1 | tail -12
+  wait
+fi
+echo "=== ab ($(left)s left)"
+TREES="base" TEST_TREES="" ROUNDS=${ROUNDS:-2} BUDGET_S=$(( $(left) - 5 )) \
+  bash benchmarks/device/ab_trees.sh 2>&1 | grep -v "^\s*$" | tail -80
