@@ -545,10 +545,10 @@ def conv_rows(
 ) -> Tensor:
     """`reference.conv_rows` (a codec conv of [history | x] as rows [O, B * T]). With `tap_major_weight`
     (weight as [O, K, C], contiguous, kept by the caller), bf16 on Hopper, at least `triton_conv.MIN_STEPS`
-    steps a stream: an implicit GEMM on Triton (triton_conv says why) over the samples [history |
-    SnakeBeta(x)] written once, time-major (`time_major_samples`, which also fills `activation_tail`), instead
-    of over the K-times unfolded columns. Elsewhere (float32: the exact codec) `unfold_columns` then one
-    cuBLAS GEMM.
+    steps a stream and a grid of a block a multiprocessor (`triton_conv.suits`): an implicit GEMM on Triton
+    (triton_conv says why) over the samples [history | SnakeBeta(x)] written once, time-major
+    (`time_major_samples`, which also fills `activation_tail`), instead of over the K-times unfolded columns.
+    Elsewhere (float32: the exact codec; small grids) `unfold_columns` then one cuBLAS GEMM.
     Kernel tolerance: the fp32 sums of the same products in another order, rounded once to bf16 (relative L2
     <= 5e-3 to the reference); `activation_tail` bit-identical."""
     kernel = weight.shape[2]
