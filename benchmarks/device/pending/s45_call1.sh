@@ -3,7 +3,8 @@
 # kernel, the grid gate, the conv off the codec's path) against trees conv (+ .whl/conv-wiring.patch: the conv
 # wired), conv2 (conv + .whl/samples-staged.patch: the staged 16-byte-vector samples kernel) and conv3 (conv +
 # .whl/snake-epilogue.patch: the residual units' second SnakeBeta in the conv's epilogue): device tests,
-# codec_conv_ab.py, packets at 1 / 4 / 16 / 64 streams (waveforms compared), frames and the lockstep.
+# codec_conv_ab.py (CONV_AB_TREES, default "conv conv2"), packets at 1 / 4 / 16 / 64 streams (waveforms compared),
+# then frames and the lockstep (FRAME_TREES, default the three) while time is left.
 S=$(date +%s)
 left() { echo $(( ${TOTAL:-450} - ($(date +%s) - S) )); }
 for t in conv conv2 conv3; do
@@ -19,11 +20,14 @@ for t in checkout conv2 conv3; do
       tests/device/test_triton_conv.py tests/device/test_kernel_parity.py -k "triton or conv or time_major or unfold or snake" \
       -p no:cacheprovider 2>&1 | tail -4 )
 done
-for t in conv conv2; do
+for t in ${CONV_AB_TREES-conv conv2}; do
   echo "=== codec_conv_ab $t ($(left)s left)"
   ( cd benchmarks/device && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-$t PYTHONPATH=$(cd ../.. && pwd)/.whl/tree-$t:/tmp/site_common \
       timeout 40 python3 codec_conv_ab.py --out /tmp/q3tts/results/conv-$t --replays 10 2>&1 | grep -v "^{" | tail -4 )
 done
-echo "=== ab ($(left)s left)"
-TREES="conv conv2 conv3" CODEC_TREES="conv conv2 conv3" TEST_TREES="" RUNS=1 BUDGET_S=$(( $(left) - 5 )) \
-  bash benchmarks/device/ab_trees.sh 2>&1 | grep -v "^\s*$" | tail -150
+echo "=== ab codec packets ($(left)s left)"
+TREES="conv conv2 conv3" CODEC_TREES="conv conv2 conv3" TEST_TREES="" FRAME_TIME=0 BUDGET_S=$(( $(left) - 5 )) \
+  bash benchmarks/device/ab_trees.sh 2>&1 | grep -v "^\s*$" | tail -80
+echo "=== ab frames and lockstep ($(left)s left)"
+TREES="${FRAME_TREES:-conv conv2 conv3}" TEST_TREES="" RUNS=1 BUDGET_S=$(( $(left) - 5 )) \
+  bash benchmarks/device/ab_trees.sh 2>&1 | grep -v "^\s*$" | tail -60
