@@ -230,6 +230,7 @@ def conv1d_as_gemm(
     history: Tensor | None = None,
     snake: SnakeBetaParameters | None = None,
     activation_tail: Tensor | None = None,
+    tap_major_weight: Tensor | None = None,
 ) -> Tensor:
     """`F.conv1d(s, weight, bias, dilation=dilation)` (no padding, one group) of the samples s = [history | x]
     (x alone without a history) as one GEMM over the unfolded input, s [B, C, T + (K - 1) * dilation] (any
@@ -246,14 +247,17 @@ def conv1d_as_gemm(
     at 64 streams, the codec's 457 MB of float32 weights 64 times a pass). The result stays in the GEMM's
     [O, B, T] storage: its consumers (SnakeBeta, the next GEMM, the next conv's unfold) take any
     strides, and a 1x1 conv or SnakeBeta reads it as [C, B * T] without a copy. Same math; the rounding
-    follows cuBLAS's blocking.
+    follows cuBLAS's blocking. Given `tap_major_weight` (the weight as [O, K, C]), bf16 convs run as an
+    implicit GEMM instead, without the unfolded copy (`ops.conv_rows`).
     """
-    rows = ops.conv_rows(x, weight, bias, dilation, history, snake, activation_tail)
+    rows = ops.conv_rows(x, weight, bias, dilation, history, snake, activation_tail, tap_major_weight)
     return _batch_view(rows, x.shape[0])
 
 
-class CausalConv1d(_Streamed):
+class CausalConv1d(_Streamed, _Derived):
     """Conv1d with (kernel - 1) * dilation samples of left context and none on the right (stride 1)."""
+
+    tap_major_weight: Tensor
 
     def __init__(
         self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1
@@ -261,6 +265,18 @@ class CausalConv1d(_Streamed):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.context = (kernel_size - 1) * dilation
+        self.register_buffer("tap_major_weight", torch.empty(0), persistent=False)
+        self._derive()
+
+    def _derive(self) -> None:
+        """tap_major_weight [O, K, C] = the weight with its taps outermost, which `ops.conv_rows`' implicit
+        GEMM reads, for a bf16 conv of one group and several taps (the fast codec's); empty otherwise."""
+        weight = self.conv.weight
+        implicit = weight.dtype == torch.bfloat16 and self.conv.groups == 1 and weight.shape[2] > 1
+        self.tap_major_weight = weight.permute(0, 2, 1).contiguous() if implicit else weight.new_empty(0)
+
+    def _implicit_weight(self) -> Tensor | None:
+        return self.tap_major_weight if self.tap_major_weight.numel() else None
 
     def context_shape(self) -> tuple[int, int]:
         return self.conv.in_channels, self.context
@@ -289,7 +305,9 @@ class CausalConv1d(_Streamed):
         if conv.groups == 1 and _gemm_path(x):
             if conv.out_channels == 1:  # the last conv, to the waveform: no unfolded copy for one output row
                 return ops.conv_to_one_channel(x, conv.weight, offset, conv.dilation[0], history)
-            return conv1d_as_gemm(x, conv.weight, offset, conv.dilation[0], history)
+            return conv1d_as_gemm(
+                x, conv.weight, offset, conv.dilation[0], history, tap_major_weight=self._implicit_weight()
+            )
         if history is not None:
             x = torch.cat([history, x], dim=-1)
         return F.conv1d(x, conv.weight, offset, dilation=conv.dilation, groups=conv.groups)
@@ -306,7 +324,9 @@ class CausalConv1d(_Streamed):
         activation's last `context` samples as this layer's history."""
         snake = activation.kernel_parameters(activation_bias)
         history, tail = self.advance_activated(x, state)
-        return conv1d_as_gemm(x, self.conv.weight, offset, self.conv.dilation[0], history, snake, tail)
+        return conv1d_as_gemm(
+            x, self.conv.weight, offset, self.conv.dilation[0], history, snake, tail, self._implicit_weight()
+        )
 
 
 def conv_transpose1d_as_gemm(

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from qwen3_tts_native.engine.kernels import ops, reference
+from qwen3_tts_native.engine.model.codec import CausalConv1d, CodecStreamState
 
 BF16 = torch.bfloat16
 # (streams, channels, samples, dilation): the decoder blocks' residual convs in a 64-stream 4-frame packet
@@ -164,3 +165,21 @@ def test_conv_rows_of_a_full_grid_takes_the_kernel(hopper: None) -> None:
     x, history, weight, bias = operands(*SHAPES[3], seed=6)
     got = ops.conv_rows(x, weight, bias, SHAPES[3][3], history, tap_major_weight=tap_major(weight))
     assert torch.equal(got, implicit(x, weight, bias, SHAPES[3][3], history))
+
+
+def test_the_bf16_codec_conv_takes_the_implicit_gemm(hopper: None) -> None:
+    """A residual unit's conv derives its tap-major weight in bf16 (none in float32) and, fed a packet with
+    its history, gives the implicit GEMM's bits (`triton_conv.conv_rows` over the time-major samples) and
+    keeps the packet's last samples as the next history."""
+    layer = CausalConv1d(96, 96, kernel_size=7, dilation=3).requires_grad_(False).cuda()
+    assert layer.tap_major_weight.numel() == 0
+    layer = layer.to(BF16)
+    assert torch.equal(layer.tap_major_weight, layer.conv.weight.permute(0, 2, 1))
+    layer.state_key = "conv"
+    x, history, _, _ = operands(64, 96, 200, 3, seed=3)
+    state = CodecStreamState(torch.zeros(64), [], {"conv": history})
+    got = layer(x, state)
+    samples = torch.cat([history, x], dim=-1).transpose(1, 2).reshape(-1, 96)
+    expected = ops.triton_conv.conv_rows(samples, layer.tap_major_weight, layer.conv.bias, 3, 64)
+    assert torch.equal(got, expected.view(96, 64, 200).transpose(0, 1))
+    assert torch.equal(state.history["conv"], x[..., 200 - layer.context :])

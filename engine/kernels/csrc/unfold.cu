@@ -198,39 +198,83 @@ cudaError_t launch(void* out, const UnfoldInput& input, const SnakeParameters* s
 // The samples [history | x] time-major, out[b * L + s, c] = s[b, c, s] (out contiguous [B * L, C], L = context +
 // x's samples), x's through SnakeBeta when set, the tail written as the unfold writes it: the operand of the
 // Triton implicit-GEMM conv (triton_conv.py), which loads each tap's columns as whole sample rows. A block
-// transposes a tile of kTransposeTile samples by kTransposeTile channels of one stream through shared memory, so
-// its reads run along x's time axis and its writes along out's channel axis, both coalesced. Why: the 1-tap
-// unfold then torch's transpose copy took 0.55 ms for the 64-stream packet's 96-channel samples (run 159, an
-// H200), more than the implicit GEMM saved.
-constexpr int kTransposeTile = 64;
-constexpr int kTransposeThreads = 256;
+// stages kTimeMajorSamples samples of 4 * E channels of one stream (E = 16 / sizeof(T)) in shared memory, read
+// as 16-byte vectors along x's time axis and written out as 16-byte vectors along out's channel axis (64-byte
+// rows). x's samples are tiled from x's first (so its vectors are aligned), the history's apart. Why: a 64 x 64
+// tile moved 2 or 4 bytes a thread at a time, ~0.9 TB/s (1.33 ms for the 64-stream packet's twelve 7-tap
+// convs, run 161, an H100); an E x E block a thread transposed in registers, 100 registers a thread, took 2.44
+// (run 162); the 1-tap unfold then torch's transpose before them 4 ms (run 159).
+constexpr int kTimeMajorThreads = 256;
+constexpr int kTimeMajorSamples = 128;
 
 template <typename T>
-__global__ void __launch_bounds__(kTransposeThreads)
-    time_major_samples_kernel(T* __restrict__ out, Samples<T> in, int channels, int length) {
-  // One element of padding a row for float, two for bf16: a row is then an odd number of 4-byte words, so a
-  // warp reading down a column touches 32 banks.
-  constexpr int kPad = sizeof(T) == 4 ? 1 : 2;
-  __shared__ T tile[kTransposeTile][kTransposeTile + kPad];
+__global__ void __launch_bounds__(kTimeMajorThreads)
+    time_major_samples_kernel(T* __restrict__ out, Samples<T> in, int channels, int length, int history_tiles,
+                              bool vectors) {
+  constexpr int E = Vec16<T>::kElems;
+  constexpr int kChannels = 4 * E;
+  constexpr int kStride = kChannels + E;  // a staged sample's elements: 16-byte aligned rows, padded
+  constexpr int kChunks = kTimeMajorSamples / E;
+  constexpr int kLoads = kChannels * kChunks / kTimeMajorThreads;
+  __shared__ __align__(16) T tile[kTimeMajorSamples * kStride];
   begin_dependent_kernel();
   const int b = blockIdx.z;
-  const int s0 = blockIdx.x * kTransposeTile, c0 = blockIdx.y * kTransposeTile;
-  const int lane = threadIdx.x % kTransposeTile;
-  constexpr int kRowsAtOnce = kTransposeThreads / kTransposeTile;
-  const bool sample_here = s0 + lane < length;
-  for (int i = threadIdx.x / kTransposeTile; i < kTransposeTile; i += kRowsAtOnce) {
-    if (sample_here && c0 + i < channels) tile[i][lane] = in.at(b, c0 + i, s0 + lane);
+  const int c0 = blockIdx.y * kChannels;
+  const bool in_history = static_cast<int>(blockIdx.x) < history_tiles;
+  const int s0 = in_history ? blockIdx.x * kTimeMajorSamples
+                            : in.context + (blockIdx.x - history_tiles) * kTimeMajorSamples;
+  const int count = min(kTimeMajorSamples, (in_history ? in.context : length) - s0);
+  // A warp's lanes take 32 channels (16 for float) of one chunk: each staged row is then written whole.
+  Vec16<T> loaded[kLoads];
+#pragma unroll
+  for (int n = 0; n < kLoads; ++n) {
+    const int v = threadIdx.x + n * kTimeMajorThreads;
+    const int c = c0 + v % kChannels, first = v / kChannels * E;
+    if (vectors && !in_history && c < channels && first + E <= count) {
+      loaded[n] = *reinterpret_cast<const Vec16<T>*>(in.x + b * in.x_strides[0] + c * in.x_strides[1] +
+                                                     (s0 - in.context + first));
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kLoads; ++n) {
+    const int v = threadIdx.x + n * kTimeMajorThreads;
+    const int k = v % kChannels, first = v / kChannels * E;
+    if (c0 + k >= channels || first >= count) continue;
+    T* staged = tile + first * kStride + k;
+    if (vectors && !in_history && first + E <= count) {
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const T value = loaded[n].v[j];
+        staged[j * kStride] = in.frequency == nullptr
+                                  ? value
+                                  : snake_of_channel(value, in.frequency, in.inverse_beta, in.bias, c0 + k);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        if (first + j < count) staged[j * kStride] = in.at(b, c0 + k, s0 + first + j);
+      }
+    }
   }
   __syncthreads();
   // The tail from the tile, after the reads (unfold_staged_kernel says why).
-  if (in.tail != nullptr && sample_here && s0 + lane >= in.tail_first) {
-    for (int i = threadIdx.x / kTransposeTile; i < kTransposeTile; i += kRowsAtOnce) {
-      if (c0 + i < channels) in.keep(b, c0 + i, s0 + lane, tile[i][lane]);
+  if (in.tail != nullptr && s0 + count > in.tail_first) {
+    for (int v = threadIdx.x; v < kTimeMajorSamples * kChannels; v += kTimeMajorThreads) {
+      const int i = v / kChannels, k = v % kChannels;
+      if (i < count && c0 + k < channels) in.keep(b, c0 + k, s0 + i, tile[i * kStride + k]);
     }
   }
-  if (c0 + lane >= channels) return;
-  for (int i = threadIdx.x / kTransposeTile; i < kTransposeTile && s0 + i < length; i += kRowsAtOnce) {
-    out[(static_cast<int64_t>(b) * length + s0 + i) * channels + c0 + lane] = tile[lane][i];
+  T* rows = out + (static_cast<int64_t>(b) * length + s0) * channels + c0;
+  for (int u = threadIdx.x; u < kTimeMajorSamples * 4; u += kTimeMajorThreads) {
+    const int i = u / 4, first = u % 4 * E;
+    if (i >= count || c0 + first >= channels) continue;
+    const T* staged = tile + i * kStride + first;
+    T* row = rows + static_cast<int64_t>(i) * channels + first;
+    if (vectors) {
+      *reinterpret_cast<Vec16<T>*>(row) = *reinterpret_cast<const Vec16<T>*>(staged);
+    } else {
+      for (int k = 0; k < E && c0 + first + k < channels; ++k) row[k] = staged[k];
+    }
   }
 }
 
@@ -238,12 +282,19 @@ template <typename T>
 cudaError_t launch_time_major(void* out, const UnfoldInput& input, const SnakeParameters* snake, int64_t length,
                               cudaStream_t stream) {
   if (input.batch * input.channels * length == 0) return cudaSuccess;
+  constexpr int E = Vec16<T>::kElems;
   const Samples<T> in = samples_of<T>(input, snake, 1, length, 1);
-  const dim3 tiles(static_cast<unsigned>((length + kTransposeTile - 1) / kTransposeTile),
-                   static_cast<unsigned>((input.channels + kTransposeTile - 1) / kTransposeTile),
-                   static_cast<unsigned>(input.batch));
-  launch_kernel(time_major_samples_kernel<T>, tiles, dim3(kTransposeThreads), stream, static_cast<T*>(out), in,
-                static_cast<int>(input.channels), static_cast<int>(length));
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // 16-byte vectors: x's rows along time from aligned addresses, out's rows a whole number of vectors.
+  const bool vectors = input.x_strides[2] == 1 && input.x_strides[0] % E == 0 && input.x_strides[1] % E == 0 &&
+                       input.channels % E == 0 && aligned(input.x) && aligned(out);
+  const int64_t history_tiles = (input.context + kTimeMajorSamples - 1) / kTimeMajorSamples;
+  const int64_t x_tiles = (length - input.context + kTimeMajorSamples - 1) / kTimeMajorSamples;
+  const dim3 blocks(static_cast<unsigned>(history_tiles + x_tiles),
+                    static_cast<unsigned>((input.channels + 4 * E - 1) / (4 * E)), static_cast<unsigned>(input.batch));
+  launch_kernel(time_major_samples_kernel<T>, blocks, dim3(kTimeMajorThreads), stream, static_cast<T*>(out), in,
+                static_cast<int>(input.channels), static_cast<int>(length), static_cast<int>(history_tiles),
+                vectors);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 45, call 2 (~330 s, warm after call 1): a second (and third) round of session 41's 64-row cost,
+# ~330 s (warm after another call): a second (and third) round of session 41's 64-row cost,
 # the checkout against af25462 (tree base), frames only, the rounds interleaved.
 S=$(date +%s)
 left() { echo $(( ${TOTAL:-330} - ($(date +%s) - S) )); }
