@@ -197,3 +197,20 @@ def test_decoder_on_the_gemm_path_equals_the_cpu_path(
     for start, size in ((0, 1), (1, 4), (5, 3), (8, 16)):
         packets.append(decoder64(codes[..., start : start + size], state, clamp=False))
     torch.testing.assert_close(torch.cat(packets, dim=1), cpu_path, rtol=EXACT, atol=EXACT)
+
+
+def test_causal_conv_derives_the_tap_major_weight_in_bf16_only() -> None:
+    """The implicit GEMM's weight [O, K, C] follows the conv's weight through conversions and loads: derived
+    for a bf16 conv of one group and several taps, empty otherwise (float32, one tap, grouped), so the exact
+    codec and the convs the kernel cannot take carry no second copy."""
+    conv = CausalConv1d(12, 20, kernel_size=7, dilation=3).requires_grad_(False)
+    assert conv.tap_major_weight.numel() == 0
+    conv = conv.to(torch.bfloat16)
+    assert conv.tap_major_weight.shape == (20, 7, 12) and conv.tap_major_weight.is_contiguous()
+    assert torch.equal(conv.tap_major_weight, conv.conv.weight.permute(0, 2, 1))
+    loaded = {name: torch.randn_like(value, dtype=torch.float32) for name, value in conv.state_dict().items()}
+    conv.load_state_dict(loaded)
+    assert torch.equal(conv.tap_major_weight, loaded["conv.weight"].to(torch.bfloat16).permute(0, 2, 1))
+    assert conv.float().tap_major_weight.numel() == 0
+    for other in (CausalConv1d(12, 20, kernel_size=1), CausalConv1d(12, 12, kernel_size=7, groups=12)):
+        assert other.to(torch.bfloat16).tap_major_weight.numel() == 0
