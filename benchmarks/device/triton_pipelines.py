@@ -10,7 +10,8 @@ kernel the asynchronous copies and wgmma instructions in its PTX and its shared 
 instructions of one pipelined loop: a prologue of `stages - 1` steps and one step in the loop, 16 bytes a
 thread an instruction (a loop per tap has as many prologues as taps); and its registers and stack (spills)
 from the cubin: a 128 x 128 float32 accumulator on 4 warps is 128 registers a thread before any operand, and
-the conv's first tiling for wide weights spilled 312 bytes a thread.
+the conv's first tiling for wide weights spilled 312 bytes a thread. Each is compiled as the engine launches
+it on Hopper, dependently (`triton_dependent`), and must wait for its predecessor exactly once.
 
 tests/unit/test_triton_pipelines.py holds every kernel to it.
 
@@ -62,6 +63,7 @@ class Pipeline:
 
     name: str
     async_copies: int
+    dependent_waits: int
     tensor_core_ops: int
     shared_bytes: int
     staged_bytes: int
@@ -84,6 +86,8 @@ class Pipeline:
             )
         if self.stack_bytes:
             found.append(f"spills {self.stack_bytes} bytes a thread ({self.registers} registers)")
+        if self.dependent_waits != 1:
+            found.append(f"{self.dependent_waits} griddepcontrol.wait: a dependent launch needs exactly one")
         return found
 
 
@@ -98,7 +102,9 @@ def conv_launch(out_channels: int) -> KernelLaunch:
         signature={
             **dict.fromkeys(pointers, "*bf16"),
             **dict.fromkeys(sizes, "i32"),
-            **dict.fromkeys(("TAPS", "HAS_BIAS", "BLOCK_OUT", "BLOCK_STEPS", "BLOCK_CHANNELS"), "constexpr"),
+            **dict.fromkeys(
+                ("TAPS", "HAS_BIAS", "BLOCK_OUT", "BLOCK_STEPS", "BLOCK_CHANNELS", "DEPENDENT"), "constexpr"
+            ),
         },
         constants={
             "TAPS": 7,
@@ -106,6 +112,7 @@ def conv_launch(out_channels: int) -> KernelLaunch:
             "BLOCK_OUT": blocks.out,
             "BLOCK_STEPS": blocks.steps,
             "BLOCK_CHANNELS": blocks.channels,
+            "DEPENDENT": True,
         },
         # the codec's channel counts (1536 .. 96) are multiples of 16; lengths and dilations need not be
         aligned=(*pointers, "channels", "out_channels"),
@@ -123,7 +130,12 @@ def product_launch(
     shapes), `weights` weight tiles a step."""
     weight_rows = triton_products.BLOCK_WEIGHT_ROWS
     activation_rows = triton_products.BLOCK_ACTIVATION_ROWS
-    constants = {"BLOCK_M": weight_rows, "BLOCK_N": activation_rows, "BLOCK_K": triton_products.BLOCK_K}
+    constants = {
+        "BLOCK_M": weight_rows,
+        "BLOCK_N": activation_rows,
+        "BLOCK_K": triton_products.BLOCK_K,
+        "DEPENDENT": True,
+    }
     return KernelLaunch(
         name=name,
         kernel=kernel,
@@ -176,7 +188,9 @@ def compile_for_hopper(launch: KernelLaunch) -> Pipeline:
     attributes = {(names.index(name),): [["tt.divisibility", 16]] for name in launch.aligned}
     source = ASTSource(launch.kernel, launch.signature, constexprs=launch.constants, attrs=attributes)
     compiled = triton.compile(
-        source, target=HOPPER, options={"num_warps": launch.warps, "num_stages": launch.stages}
+        source,
+        target=HOPPER,
+        options={"num_warps": launch.warps, "num_stages": launch.stages, "launch_pdl": True},
     )
     ptx = compiled.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -191,6 +205,7 @@ def compile_for_hopper(launch: KernelLaunch) -> Pipeline:
     return Pipeline(
         name=launch.name,
         async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca") + ptx.count("cp.async.bulk"),
+        dependent_waits=ptx.count("griddepcontrol.wait"),
         tensor_core_ops=ptx.count("wgmma.mma_async"),
         shared_bytes=int(compiled.metadata.shared),
         staged_bytes=launch.stages * launch.step_bytes,
@@ -205,7 +220,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.parse_args()
-    columns = ("async copies", "one loop", "wgmma", "shared", "staged", "registers", "stack")
+    columns = ("async copies", "one loop", "wgmma", "shared", "staged", "registers", "stack", "waits")
     print(f"{'kernel':30}" + "".join(f" {c:>12}" for c in columns) + "  faults")
     for launch in engine_launches():
         p = compile_for_hopper(launch)
@@ -217,6 +232,7 @@ def main() -> int:
             p.staged_bytes,
             p.registers,
             p.stack_bytes,
+            p.dependent_waits,
         )
         print(f"{p.name:30}" + "".join(f" {v:12}" for v in values) + f"  {'; '.join(p.faults()) or 'none'}")
     return 0

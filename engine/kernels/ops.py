@@ -35,6 +35,7 @@ __all__ = [
     "conv_rows",
     "conv_to_one_channel",
     "decode_attention",
+    "dependent_launch",
     "fp8_linear",
     "gather_rows",
     "kernels_available",
@@ -78,6 +79,13 @@ def set_dependent_launch(enabled: bool) -> None:
     ext = loader.load()
     if ext is not None:
         ext.set_dependent_launch(enabled)
+
+
+def dependent_launch() -> bool:
+    """Whether kernels launched now get programmatic dependent launch (the extension loaded, switched on and
+    on Hopper+): the Triton kernels launched between the extension's follow it (triton_dependent says why)."""
+    ext = loader.load()
+    return ext is not None and bool(ext.dependent_launch())
 
 
 def _ext(*tensors: Tensor, dtype: torch.dtype | None = torch.bfloat16):  # type: ignore[no-untyped-def]
@@ -173,7 +181,7 @@ def added(delta: Tensor | SplitSums) -> Tensor:
     if isinstance(delta, Tensor):
         return delta
     if triton_products is not None and delta.partials.is_cuda:
-        return triton_products.added(delta.partials, delta.rows)
+        return triton_products.added(delta.partials, delta.rows, dependent_launch())
     return reference.added(delta)
 
 
@@ -561,7 +569,9 @@ def conv_rows(
         columns = unfold_columns(x, kernel, dilation, history, snake, activation_tail)
         return reference.product_of_columns(weight, bias, columns)
     samples = time_major_samples(x, history, snake, activation_tail)
-    return triton_conv.conv_rows(samples, tap_major_weight, bias, dilation, x.shape[0])
+    return triton_conv.conv_rows(
+        samples, tap_major_weight, bias, dilation, x.shape[0], dependent=dependent_launch()
+    )
 
 
 def time_major_samples(
@@ -918,7 +928,7 @@ def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
     Kernel tolerance vs the reference: `linear`'s (the fp32 sums of the same products in another order)."""
     if not triton_linear_suits(x, weight):
         return reference.linear(x, weight)
-    return triton_products.linear(x, weight)
+    return triton_products.linear(x, weight, dependent_launch())
 
 
 def triton_linear_split_sums(x: Tensor, weight: Tensor) -> Tensor | SplitSums:
@@ -927,7 +937,7 @@ def triton_linear_split_sums(x: Tensor, weight: Tensor) -> Tensor | SplitSums:
     Where Triton does not run these operands, the product itself (`triton_linear`'s fallback)."""
     if not triton_linear_suits(x, weight):
         return reference.linear(x, weight)
-    return SplitSums(triton_products.split_sums(x, weight), x.shape[0])
+    return SplitSums(triton_products.split_sums(x, weight, dependent_launch()), x.shape[0])
 
 
 def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
@@ -936,7 +946,7 @@ def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
     roundings."""
     if not triton_linear_suits(x, gate_up, swiglu=True):
         return reference.linear_swiglu(x, gate_up)
-    return triton_products.linear_swiglu(x, gate_up)
+    return triton_products.linear_swiglu(x, gate_up, dependent_launch())
 
 
 @lru_cache(maxsize=8)

@@ -36,6 +36,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .triton_dependent import begin_dependent_kernel
+
 # The 2-tap convs (the transposed convs' GEMMs: thousands of (channel, phase) rows over the few frames of a
 # packet) stay on cuBLAS: their unfold only doubles a small input.
 MIN_TAPS = 3
@@ -84,9 +86,11 @@ def _conv_rows_kernel(  # type: ignore[no-untyped-def]
     BLOCK_OUT: tl.constexpr,
     BLOCK_STEPS: tl.constexpr,
     BLOCK_CHANNELS: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """out [O, B * T] (+ bias): a block's BLOCK_OUT channels over BLOCK_STEPS steps of stream program_id(2),
     sum over taps j and channels c of weight[o, j, c] * samples[b * L + t + j * dilation, c]."""
+    begin_dependent_kernel(DEPENDENT)
     offs_out = tl.program_id(0) * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
     offs_step = tl.program_id(1) * BLOCK_STEPS + tl.arange(0, BLOCK_STEPS)
     stream = tl.program_id(2)
@@ -157,10 +161,12 @@ def conv_rows(
     dilation: int,
     batch: int,
     blocks: ConvBlocks | None = None,
+    dependent: bool = False,
 ) -> Tensor:
     """The conv (no padding) of time-major samples [B * L, C] (contiguous; stream b's at rows b * L..) with
     the tap-major weight [O, K, C] (+ bias) as rows [O, B * T], T = L - (K - 1) * dilation: column b * T + t
-    is step t of stream b. `blocks`: the tiling (default `blocks_for`; benchmarks try others)."""
+    is step t of stream b. `blocks`: the tiling (default `blocks_for`; benchmarks try others). `dependent`:
+    launch it with programmatic dependent launch (triton_dependent)."""
     out_channels, taps, channels = tap_major_weight.shape
     length = samples.shape[0] // batch
     steps = length - (taps - 1) * dilation
@@ -182,7 +188,9 @@ def conv_rows(
         BLOCK_OUT=tiling.out,
         BLOCK_STEPS=tiling.steps,
         BLOCK_CHANNELS=tiling.channels,
+        DEPENDENT=dependent,
         num_warps=tiling.warps,
         num_stages=tiling.stages,
+        launch_pdl=dependent,
     )
     return out

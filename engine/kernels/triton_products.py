@@ -18,8 +18,11 @@ residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms
 Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
 the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
-Only imported where Triton is (ops.py guards it); the torch references are `reference.linear` and
-`reference.linear_swiglu`.
+Every kernel here is launched dependently where the extension's kernels are (`triton_dependent` says why).
+A qkv product of 64 rows as one such kernel (no split: 64 blocks) lost to cuBLAS in the frame (4.73 -> 4.92
+ms), as did 3 stages instead of 4 (4.93 ms; 5.27 with 2 for the split products) (benchmarks/results/
+2026-12-07-run166, an H100). Only imported where Triton is (ops.py guards it); the torch references are
+`reference.linear` and `reference.linear_swiglu`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from .triton_dependent import begin_dependent_kernel
 
 BLOCK_WEIGHT_ROWS = 64
 BLOCK_ACTIVATION_ROWS = 64  # every activation row in one block: at most this many rows
@@ -60,10 +65,12 @@ def _swiglu_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """out [rows, width] = silu(x @ gate^T) * (x @ up^T) for w = [gate; up] [2 * width, k]: a block's gate
     rows and the up rows `width` further, against every activation row."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    begin_dependent_kernel(DEPENDENT)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     gate_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
@@ -95,11 +102,13 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """partial [split, BLOCK_N, m_out] (float32) = the block's weight rows against every activation row over
     k [split * k_split, + k_split)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
+    begin_dependent_kernel(DEPENDENT)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = split * k_split + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
@@ -121,8 +130,10 @@ def _reduce_kernel(  # type: ignore[no-untyped-def]
     SPLITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """out [rows, m_out] = the splits' partial sums added in split order, rounded once to bf16."""
+    begin_dependent_kernel(DEPENDENT)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < m_out
@@ -150,8 +161,9 @@ def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
     return 1 <= rows <= BLOCK_ACTIVATION_ROWS and shapes_fit
 
 
-def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
-    """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up]: [rows, m / 2], one kernel."""
+def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up]: [rows, m / 2], one kernel. `dependent`: launch
+    it with programmatic dependent launch (triton_dependent)."""
     rows, k = x.shape
     width = gate_up.shape[0] // 2
     out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
@@ -165,18 +177,20 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
         BLOCK_M=BLOCK_WEIGHT_ROWS,
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,
+        DEPENDENT=dependent,
         num_warps=4,
         num_stages=STAGES,
+        launch_pdl=dependent,
     )
     return out
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
+def linear(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
     """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks, then their sums added in order."""
-    return added(split_sums(x, weight), x.shape[0])
+    return added(split_sums(x, weight, dependent), x.shape[0], dependent)
 
 
-def split_sums(x: Tensor, weight: Tensor) -> Tensor:
+def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
     """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, 64, m]: split s over k [s k / DOWN_SPLITS,
     + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
     rows, k = x.shape
@@ -193,13 +207,15 @@ def split_sums(x: Tensor, weight: Tensor) -> Tensor:
         BLOCK_M=BLOCK_WEIGHT_ROWS,
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,
+        DEPENDENT=dependent,
         num_warps=4,
         num_stages=STAGES,
+        launch_pdl=dependent,
     )
     return partial
 
 
-def added(partial: Tensor, rows: int) -> Tensor:
+def added(partial: Tensor, rows: int, dependent: bool = False) -> Tensor:
     """The first `rows` rows of `split_sums`' partial sums added in split order, rounded once: [rows, m]."""
     splits, _, m_out = partial.shape
     out = torch.empty(rows, m_out, device=partial.device, dtype=torch.bfloat16)
@@ -210,6 +226,8 @@ def added(partial: Tensor, rows: int) -> Tensor:
         SPLITS=splits,
         BLOCK_N=partial.shape[1],
         BLOCK=REDUCE_BLOCK,
+        DEPENDENT=dependent,
         num_warps=4,
+        launch_pdl=dependent,
     )
     return out

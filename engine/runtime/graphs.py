@@ -15,8 +15,9 @@ The captured frame is `KernelFrame`: the frame of `step.decode_frames` on the fu
 live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for products of fewer than
 `mode.gemm_min_rows` rows (the gate/up GEMV writes the SwiGLU directly). The GEMVs' weight loads carry L2
 eviction priorities: a share of the predictor's weights stays in the L2 between its 15 steps
-(`PREDICTOR_L2_SHARE`). Every kernel is launched with programmatic dependent launch (kernels/csrc/launch.cuh),
-so inside the graph a kernel's launch overlaps the end of the one before it. Larger products run on cuBLAS
+(`PREDICTOR_L2_SHARE`). Every kernel of ours, the Triton ones included, is launched with programmatic
+dependent launch (kernels/csrc/launch.cuh), so inside the graph a kernel's launch overlaps the end of the one
+before it; cuBLAS's kernels break that chain. Larger products run on cuBLAS
 (F.linear, bf16 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8
 rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of the sessions prefilled together are the rows of a pass, one row per token

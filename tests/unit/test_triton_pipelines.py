@@ -1,7 +1,8 @@
 """Every Triton kernel of the engine compiles for Hopper with one pipelined reduction loop: its tiles copied
 asynchronously into `stages` resident buffers and multiplied on wgmma (benchmarks/device/triton_pipelines.py
-says how it is read from the PTX), without spilling registers. On the CPU, with Triton's compiler and bundled
-ptxas: a kernel that no longer compiles, lost its pipeline or spills fails here rather than in a device run.
+says how it is read from the PTX), without spilling registers, and launched dependently waits once for the
+kernel before it. On the CPU, with Triton's compiler and bundled ptxas: a kernel that no longer compiles, lost
+its pipeline, spills or lost its wait fails here rather than in a device run.
 """
 
 from __future__ import annotations

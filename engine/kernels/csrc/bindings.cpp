@@ -677,6 +677,10 @@ void sample(at::Tensor out, at::Tensor logits, c10::optional<at::Tensor> seen, a
 // Graphs captured afterwards get (or lose) programmatic dependent launch; see launch.cuh.
 void set_dependent_launch(bool enabled) { q3tts::dependent_launch_enabled() = enabled; }
 
+// Whether launches get programmatic dependent launch now (switched on and the device supports it): the Triton
+// kernels of the same chains follow it (ops.dependent_launch).
+bool dependent_launch() { return q3tts::dependent_launch_enabled() && q3tts::device_supports_dependent_launch(); }
+
 // The per-row layout of one tensor of a copy_rows pair: up to three dims after the row dim (padded in front
 // with size 1), the last contiguous; strides in bytes.
 struct RowLayout {
@@ -777,4 +781,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("codec_window_attention", &codec_window_attention);
   m.def("copy_rows", &copy_rows);
   m.def("set_dependent_launch", &set_dependent_launch);
+  m.def("dependent_launch", &dependent_launch);
 }

@@ -15,6 +15,8 @@
 //   the next kernel start only once it has finished itself, so whatever ran before the chain of dependent
 //   kernels a kernel belongs to (a graph's static inputs, loaded before the replay; an index made by a torch
 //   op) is complete and visible when that kernel starts.
+// The Triton kernels of the same chains (the 33-64-row products, the codec's implicit-GEMM conv) are launched
+// dependently too, under the same switch and contract (kernels/triton_dependent.py).
 #pragma once
 
 #include <cuda_runtime.h>
