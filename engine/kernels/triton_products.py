@@ -19,10 +19,10 @@ Letting each tile's last block to finish add them instead (a counter per tile, n
 the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
 Every kernel here is launched dependently where the extension's kernels are (`triton_dependent` says why).
-A qkv product of 64 rows as one such kernel (no split: 64 blocks) lost to cuBLAS in the frame (4.73 -> 4.92
-ms), as did 3 stages instead of 4 (4.93 ms; 5.27 with 2 for the split products) (benchmarks/results/
-2026-12-07-run166, an H100). Only imported where Triton is (ops.py guards it); the torch references are
-`reference.linear` and `reference.linear_swiglu`.
+The qkv product of 64 rows as split products and the reduce kernel (both dependent) lost to cuBLAS in the
+frame (4.73 -> 4.92 ms), as did 3 stages instead of 4 (4.93 ms; 5.27 with 2 for the split products)
+(benchmarks/results/2026-12-07-run166, an H100). Only imported where Triton is (ops.py guards it); the
+torch references are `reference.linear` and `reference.linear_swiglu`.
 """
 
 from __future__ import annotations
