@@ -108,5 +108,7 @@ if [ -n "$CODEC_TREES" ]; then
     ( cd "$ROOT/benchmarks/device" && python3 codec_packet_time.py --compare "$RESULTS" checkout "$name" )
   done
 fi
-cp -f "$RESULTS"/*.json "$OUT"/ 2>/dev/null
+# One archive, not a file per JSON: a device call returns at most 8 files from $OUT (runs 164 and 166 lost
+# their frame JSONs to that limit). $RESULTS holds every ab_trees.sh call of this machine.
+tar czf "$OUT/ab-results.tgz" -C "$(dirname "$RESULTS")" --exclude='*.pt' "$(basename "$RESULTS")" 2>/dev/null
 echo "=== done ($(left)s left)"
