@@ -155,7 +155,7 @@ def product_launch(
 
 
 def product_launches() -> list[KernelLaunch]:
-    """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step) and split-sums kernels."""
+    """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step), product and split-sums kernels."""
     return [
         product_launch(
             "triton_products swiglu",
@@ -163,6 +163,13 @@ def product_launches() -> list[KernelLaunch]:
             ("out_ptr", "*bf16"),
             ("rows", "width", "k"),
             2,
+        ),
+        product_launch(
+            "triton_products product",
+            triton_products._product_kernel,
+            ("out_ptr", "*bf16"),
+            ("rows", "m_out", "k"),
+            1,
         ),
         product_launch(
             "triton_products split sums",

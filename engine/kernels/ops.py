@@ -923,18 +923,19 @@ def triton_linear_suits(x: Tensor, weight: Tensor, swiglu: bool = False) -> bool
 
 
 def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """`linear` of up to 64 rows with k split over four blocks and their sums added in order, where Triton's
-    wgmma beats cuBLAS (the MLP's down products, and the o products as split sums; triton_products says why).
-    Kernel tolerance vs the reference: `linear`'s (the fp32 sums of the same products in another order)."""
+    """`linear` of up to 64 rows in one Triton kernel, where its wgmma beats cuBLAS (the qkv products;
+    triton_products says why). Kernel tolerance vs the reference: `linear`'s (the fp32 sums of the same
+    products in another order)."""
     if not triton_linear_suits(x, weight):
         return reference.linear(x, weight)
     return triton_products.linear(x, weight, dependent_launch())
 
 
 def triton_linear_split_sums(x: Tensor, weight: Tensor) -> Tensor | SplitSums:
-    """`triton_linear` with its split sums left unadded (`SplitSums`) for `add_rms_norm_` to add: for a
-    product that only feeds the residual stream (the MLP's down products, the o products), one kernel fewer.
-    Where Triton does not run these operands, the product itself (`triton_linear`'s fallback)."""
+    """`linear` of up to 64 rows with k split over four Triton blocks, their float32 sums left unadded
+    (`SplitSums`) for `add_rms_norm_` to add in split order: for a product that only feeds the residual stream
+    (the MLP's down products, the o products), no kernel of its own for the sums. Where Triton does not run
+    these operands, the product itself (`triton_linear`'s fallback)."""
     if not triton_linear_suits(x, weight):
         return reference.linear(x, weight)
     return SplitSums(triton_products.split_sums(x, weight, dependent_launch()), x.shape[0])

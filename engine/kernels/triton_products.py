@@ -1,4 +1,5 @@
-"""The MLP and o products of 33 to 64 decode rows as Triton kernels (wgmma on Hopper), where they beat cuBLAS.
+"""The MLP, qkv and o products of 33 to 64 decode rows as Triton kernels (wgmma on Hopper), where they beat
+cuBLAS.
 
 Why: at 64 streams the frame's products are cuBLAS kernels with split-K reductions and a `silu_mul` after
 every gate/up product. benchmarks/device/triton_products_ceiling.py timed each of the frame's 64-row products
@@ -6,7 +7,7 @@ both ways on the H200 (benchmarks/results/2026-12-05-run148, cold weights, in a 
 with their SwiGLU 18.85 -> 15.98 us (talker) and 8.75 -> 7.66 (predictor), the down products with their
 reduction 12.45 -> 11.18 and 8.21 -> 7.22; the qkv, o and head products lost (+2 to +21%). The o products
 (6.60 -> 7.18 talker, 6.08 -> 6.50 predictor) lost with their own reduce kernel, which they do not need: their
-split sums go to the add-RMSNorm kernel as the down products' do. qkv and the heads stay on cuBLAS.
+split sums go to the add-RMSNorm kernel as the down products' do. The heads stay on cuBLAS; qkv: below.
 
 The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation rows its B, so a block owns
 64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
@@ -18,11 +19,16 @@ residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms
 Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
 the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
-Every kernel here is launched dependently where the extension's kernels are (`triton_dependent` says why).
-The qkv product of 64 rows as split products and the reduce kernel (both dependent) lost to cuBLAS in the
-frame (4.73 -> 4.92 ms), as did 3 stages instead of 4 (4.93 ms; 5.27 with 2 for the split products)
-(benchmarks/results/2026-12-07-run166, an H100). Only imported where Triton is (ops.py guards it); the
-torch references are `reference.linear` and `reference.linear_swiglu`.
+Every kernel here is launched dependently where the extension's kernels are (`triton_dependent` says why). The
+qkv product of 64 rows as split products and the reduce kernel (both dependent) lost to cuBLAS in the frame
+(4.73 -> 4.92 ms), as did 3 stages instead of 4 (4.93 ms; 5.27 with 2 for the split products)
+(benchmarks/results/2026-12-07-run166, an H100). As one kernel without a split (`linear`: 64 blocks, each its
+64 weight rows over all of k, no partial sums) it won: the 64-row frame 4.74 -> 4.60 ms in exact and in fast
+mode, the 64-stream lockstep's aggregate RTF 0.00305 -> 0.00298 (exact), 0.00152 -> 0.00150 (fast)
+(benchmarks/results/2026-12-07-run167, an H100): cuBLAS's kernel broke the dependent-launch chain on both
+sides in every layer. The heads on the split products and reduce kernel gained nothing there (4.74 -> 4.71 /
+4.74 ms) and stay on cuBLAS. Only imported where Triton is (ops.py guards it); the torch references are
+`reference.linear` and `reference.linear_swiglu`.
 """
 
 from __future__ import annotations
@@ -88,6 +94,36 @@ def _swiglu_kernel(  # type: ignore[no-untyped-def]
     silu = _bf16(gate / (1.0 + tl.exp(-gate)))
     out = _to_bf16(silu * _bf16(up))
     tl.store(out_ptr + offs_n[None, :] * width + offs_m[:, None], out, mask=row_mask)
+
+
+@triton.jit
+def _product_kernel(  # type: ignore[no-untyped-def]
+    w_ptr,
+    x_ptr,
+    out_ptr,
+    rows,
+    m_out,
+    k,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DEPENDENT: tl.constexpr,
+):
+    """out [rows, m_out] = the block's weight rows against every activation row over all of k, rounded once to
+    bf16."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    begin_dependent_kernel(DEPENDENT)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
+    x_ptrs = x_ptr + offs_n[None, :] * k + offs_k[:, None]
+    row_mask = offs_n[None, :] < rows
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(0, k, BLOCK_K):
+        acc = tl.dot(tl.load(w_ptrs), tl.load(x_ptrs, mask=row_mask, other=0.0), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    tl.store(out_ptr + offs_n[None, :] * m_out + offs_m[:, None], _to_bf16(acc), mask=row_mask)
 
 
 @triton.jit
@@ -186,8 +222,26 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor
 
 
 def linear(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
-    """x @ weight^T: [rows, m], k split over `DOWN_SPLITS` blocks, then their sums added in order."""
-    return added(split_sums(x, weight, dependent), x.shape[0], dependent)
+    """x @ weight^T: [rows, m], one kernel, a block's weight rows over all of k (the qkv products)."""
+    rows, k = x.shape
+    m_out = weight.shape[0]
+    out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
+    _product_kernel[(m_out // BLOCK_WEIGHT_ROWS,)](
+        weight,
+        x,
+        out,
+        rows,
+        m_out,
+        k,
+        BLOCK_M=BLOCK_WEIGHT_ROWS,
+        BLOCK_N=BLOCK_ACTIVATION_ROWS,
+        BLOCK_K=BLOCK_K,
+        DEPENDENT=dependent,
+        num_warps=4,
+        num_stages=STAGES,
+        launch_pdl=dependent,
+    )
+    return out
 
 
 def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:

@@ -17,7 +17,7 @@ live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for products 
 eviction priorities: a share of the predictor's weights stays in the L2 between its 15 steps
 (`PREDICTOR_L2_SHARE`). Every kernel of ours, the Triton ones included, is launched with programmatic
 dependent launch (kernels/csrc/launch.cuh), so inside the graph a kernel's launch overlaps the end of the one
-before it; cuBLAS's kernels break that chain. Larger products run on cuBLAS
+before it; cuBLAS's kernels (the heads' at 33-64 rows) break that chain. Larger products run on cuBLAS
 (F.linear, bf16 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8
 rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
 of the sessions prefilled together are the rows of a pass, one row per token
@@ -246,9 +246,9 @@ class Weight:
     Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
     is then fp8) an fp8 GEMM over `small`; in between, the tensor-core kernel over `small` up to
     `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), then the Triton
-    kernels over `dense` up to `triton_max_rows` rows (set for the MLP's and the o weights: ops.triton_linear;
-    `residual_delta` for down and o, whose products only feed the residual add), else bf16 cuBLAS over
-    `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
+    kernels over `dense` up to `triton_max_rows` rows (set for the attention's and the MLP's weights:
+    ops.triton_linear; `residual_delta` for down and o, whose products only feed the residual add), else bf16
+    cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
     `KernelFrame`'s L2 plan)."""
 
     dense: Tensor
@@ -398,8 +398,8 @@ def _l2_bytes(device: torch.device) -> int:
 
 
 def _prepare(weight: Tensor, mode: Mode, triton: bool = False) -> Weight:
-    """`weight` for `mode`; `triton`: a gate/up, down or o weight, whose 33-64-row products run on Triton
-    (`Mode.triton_max_rows`)."""
+    """`weight` for `mode`; `triton`: a decoder block's weight (qkv, o, gate/up, down), whose 33-64-row
+    products run on Triton (`Mode.triton_max_rows`)."""
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
     return Weight(
@@ -465,7 +465,7 @@ class _Block:
             post_norm=b.post_attention_layernorm.weight,
             q_norm=b.q_norm.weight,
             k_norm=b.k_norm.weight,
-            qkv=_prepare(_fuse(q, k, v), mode),
+            qkv=_prepare(_fuse(q, k, v), mode, triton=True),
             o=_prepare(b.o_proj.weight, mode, triton=True),
             gate_up=_prepare(_fuse(gate, up), mode, triton=True),
             down=_prepare(b.down_proj.weight, mode, triton=True),

@@ -50,15 +50,17 @@ class Mode:
     ms, slower. So the frames of up to 16 streams (their predictor's first step has 32 rows) take it, and
     larger products stay on cuBLAS. 0: cuBLAS everywhere (the A/B's base).
 
-    triton_max_rows: the MLP's gate/up (with its SwiGLU) and down products and the attention's o product of
-    more than `tensor_core_max_rows` rows, up to this many, run on Triton kernels (`ops.triton_linear_swiglu`,
-    `ops.triton_linear_split_sums`: wgmma, the weights streamed once) where Triton and the device allow,
-    instead of bf16 cuBLAS with `silu_mul` and split-K reductions. Run 148 (benchmarks/device/
-    triton_products_ceiling.py, H200, 64 rows, each product alone): gate/up 18.85 -> 15.98 us (talker), 8.75
-    -> 7.66 (predictor); down 12.45 -> 11.18 and 8.21 -> 7.22. The o product lost there (6.60 -> 7.18, 6.08 ->
-    6.50) as a product with its own reduce kernel; down and o only feed the residual add, so they hand the
-    add-RMSNorm kernel their split sums (`Weight.residual_delta`) and have no reduce kernel. The qkv and head
-    products lost too and stay on cuBLAS. 0: cuBLAS (the A/B's base).
+    triton_max_rows: the MLP's gate/up (with its SwiGLU) and down products and the attention's qkv and o
+    products of more than `tensor_core_max_rows` rows, up to this many, run on Triton kernels
+    (`ops.triton_linear_swiglu`, `ops.triton_linear_split_sums`, `ops.triton_linear`: wgmma, the weights
+    streamed once) where Triton and the device allow, instead of bf16 cuBLAS with `silu_mul` and split-K
+    reductions. Run 148 (benchmarks/device/triton_products_ceiling.py, H200, 64 rows, each product alone):
+    gate/up 18.85 -> 15.98 us (talker), 8.75 -> 7.66 (predictor); down 12.45 -> 11.18 and 8.21 -> 7.22. The o
+    product lost there (6.60 -> 7.18, 6.08 -> 6.50) as a product with its own reduce kernel; down and o only
+    feed the residual add, so they hand the add-RMSNorm kernel their split sums (`Weight.residual_delta`) and
+    have no reduce kernel. The qkv product lost too alone, but won in the frame as one kernel without a split
+    (run 167, H100: the 64-row frame 4.74 -> 4.60 ms), where cuBLAS broke the dependent-launch chain. The
+    heads stay on cuBLAS. 0: cuBLAS (the A/B's base).
 
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs

@@ -25,7 +25,7 @@ def test_kernel_compiles_with_one_pipelined_loop(launch: object) -> None:
 
 def test_conv_tilings_cover_the_codec_channel_counts() -> None:
     """The conv is checked at each tiling `blocks_for` picks for the codec's channels, the 96-channel convs
-    (three 32-channel chunks a tap, fewer than the stages) among them."""
+    (three 32-channel chunks a tap, fewer than the stages) among them, and each of the products' kernels."""
     names = {launch.name for launch in LAUNCHES}
     assert "triton_conv 96 channels" in names
-    assert {"triton_products swiglu", "triton_products split sums"} <= names
+    assert {"triton_products swiglu", "triton_products product", "triton_products split sums"} <= names
