@@ -123,17 +123,23 @@ def conv_launch(out_channels: int) -> KernelLaunch:
 
 
 def product_launch(
-    name: str, kernel: Any, out: tuple[str, str], sizes: tuple[str, ...], weights: int
+    name: str,
+    kernel: Any,
+    out: tuple[str, str],
+    sizes: tuple[str, ...],
+    weights: int,
+    options: dict[str, int | bool] | None = None,
 ) -> KernelLaunch:
     """A `triton_products` kernel at its launch constants: weight pointer, activation pointer, output pointer
     `out` (name, type), int `sizes` (all but the first, the row count, multiples of 16 at the engine's
-    shapes), `weights` weight tiles a step."""
+    shapes), `weights` weight tiles a step, the kernel's own constexpr `options`."""
     weight_rows = triton_products.BLOCK_WEIGHT_ROWS
     activation_rows = triton_products.BLOCK_ACTIVATION_ROWS
     constants = {
         "BLOCK_M": weight_rows,
         "BLOCK_N": activation_rows,
         "BLOCK_K": triton_products.BLOCK_K,
+        **(options or {}),
         "DEPENDENT": True,
     }
     return KernelLaunch(
@@ -155,7 +161,8 @@ def product_launch(
 
 
 def product_launches() -> list[KernelLaunch]:
-    """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step), product and split-sums kernels."""
+    """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step) and product kernels, the product
+    rounded (one split) and as split sums."""
     return [
         product_launch(
             "triton_products swiglu",
@@ -168,15 +175,17 @@ def product_launches() -> list[KernelLaunch]:
             "triton_products product",
             triton_products._product_kernel,
             ("out_ptr", "*bf16"),
-            ("rows", "m_out", "k"),
+            ("rows", "m_out", "k", "k_split"),
             1,
+            {"ROUNDED": True},
         ),
         product_launch(
             "triton_products split sums",
-            triton_products._split_kernel,
-            ("partial_ptr", "*fp32"),
+            triton_products._product_kernel,
+            ("out_ptr", "*fp32"),
             ("rows", "m_out", "k", "k_split"),
             1,
+            {"ROUNDED": False},
         ),
     ]
 

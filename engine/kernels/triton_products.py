@@ -13,9 +13,10 @@ The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation
 64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
 kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
 swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The plain products' kernel
-(down, o) splits k over `DOWN_SPLITS` blocks whose float32 partial sums a second kernel adds in split order
+splits k over `DOWN_SPLITS` blocks (down, o) whose float32 partial sums a second kernel adds in split order
 (deterministic): the reduce kernel here (`added`), or, where the product's output is only added to the
-residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums).
+residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums); or
+it runs one block over all of k and rounds the product itself (qkv: `linear`).
 Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
 the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
@@ -104,44 +105,16 @@ def _product_kernel(  # type: ignore[no-untyped-def]
     rows,
     m_out,
     k,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    DEPENDENT: tl.constexpr,
-):
-    """out [rows, m_out] = the block's weight rows against every activation row over all of k, rounded once to
-    bf16."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    begin_dependent_kernel(DEPENDENT)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
-    x_ptrs = x_ptr + offs_n[None, :] * k + offs_k[:, None]
-    row_mask = offs_n[None, :] < rows
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in tl.range(0, k, BLOCK_K):
-        acc = tl.dot(tl.load(w_ptrs), tl.load(x_ptrs, mask=row_mask, other=0.0), acc)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    tl.store(out_ptr + offs_n[None, :] * m_out + offs_m[:, None], _to_bf16(acc), mask=row_mask)
-
-
-@triton.jit
-def _split_kernel(  # type: ignore[no-untyped-def]
-    w_ptr,
-    x_ptr,
-    partial_ptr,
-    rows,
-    m_out,
-    k,
     k_split,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROUNDED: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
-    """partial [split, BLOCK_N, m_out] (float32) = the block's weight rows against every activation row over
-    k [split * k_split, + k_split)."""
+    """The block's weight rows against every activation row over k [split * k_split, + k_split), split =
+    program 1: float32 partial sums out [split, BLOCK_N, m_out], or with ROUNDED (one split over all of k)
+    the product out [rows, m_out] rounded once to bf16."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
     begin_dependent_kernel(DEPENDENT)
@@ -155,7 +128,11 @@ def _split_kernel(  # type: ignore[no-untyped-def]
         acc = tl.dot(tl.load(w_ptrs), tl.load(x_ptrs, mask=row_mask, other=0.0), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    tl.store(partial_ptr + (split * BLOCK_N + offs_n[None, :]) * m_out + offs_m[:, None], acc, mask=row_mask)
+    out_ptrs = out_ptr + (split * BLOCK_N + offs_n[None, :]) * m_out + offs_m[:, None]
+    if ROUNDED:
+        tl.store(out_ptrs, _to_bf16(acc), mask=row_mask)
+    else:
+        tl.store(out_ptrs, acc, mask=row_mask)
 
 
 @triton.jit
@@ -223,50 +200,41 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor
 
 def linear(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
     """x @ weight^T: [rows, m], one kernel, a block's weight rows over all of k (the qkv products)."""
+    out = torch.empty(x.shape[0], weight.shape[0], device=x.device, dtype=x.dtype)
+    return _product(x, weight, out, splits=1, dependent=dependent)
+
+
+def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
+    """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, 64, m]: split s over k [s k / DOWN_SPLITS,
+    + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
+    shape = (DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, weight.shape[0])
+    partial = torch.empty(shape, device=x.device, dtype=torch.float32)
+    return _product(x, weight, partial, splits=DOWN_SPLITS, dependent=dependent)
+
+
+def _product(x: Tensor, weight: Tensor, out: Tensor, splits: int, dependent: bool) -> Tensor:
+    """`_product_kernel` into `out`: k over `splits` blocks, their float32 sums, or with one split the product
+    rounded to `out`'s bf16."""
     rows, k = x.shape
     m_out = weight.shape[0]
-    out = torch.empty(rows, m_out, device=x.device, dtype=x.dtype)
-    _product_kernel[(m_out // BLOCK_WEIGHT_ROWS,)](
+    _product_kernel[(m_out // BLOCK_WEIGHT_ROWS, splits)](
         weight,
         x,
         out,
         rows,
         m_out,
         k,
+        k // splits,
         BLOCK_M=BLOCK_WEIGHT_ROWS,
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,
+        ROUNDED=splits == 1,
         DEPENDENT=dependent,
         num_warps=4,
         num_stages=STAGES,
         launch_pdl=dependent,
     )
     return out
-
-
-def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
-    """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, 64, m]: split s over k [s k / DOWN_SPLITS,
-    + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
-    rows, k = x.shape
-    m_out = weight.shape[0]
-    partial = torch.empty(DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, m_out, device=x.device, dtype=torch.float32)
-    _split_kernel[(m_out // BLOCK_WEIGHT_ROWS, DOWN_SPLITS)](
-        weight,
-        x,
-        partial,
-        rows,
-        m_out,
-        k,
-        k // DOWN_SPLITS,
-        BLOCK_M=BLOCK_WEIGHT_ROWS,
-        BLOCK_N=BLOCK_ACTIVATION_ROWS,
-        BLOCK_K=BLOCK_K,
-        DEPENDENT=dependent,
-        num_warps=4,
-        num_stages=STAGES,
-        launch_pdl=dependent,
-    )
-    return partial
 
 
 def added(partial: Tensor, rows: int, dependent: bool = False) -> Tensor:
