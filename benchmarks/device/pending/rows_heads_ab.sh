@@ -5,7 +5,8 @@
 # rows, leaves cuBLAS and `silu_mul`; prompt passes of 65-128 rows too) and heads1 (`heads-one-kernel.patch`:
 # the 15 predictor heads and the codec head of 33-64 rows on the one-kernel product that qkv took in 156c863).
 # rows128's Triton product and dependent-launch device tests first, then ROUNDS rounds of frames (default 2).
-# ~380 s on a fresh machine, ~240 s warm. Figures: ab_trees.log, ab-results.tgz.
+# On a fresh machine the checkout's kernel device tests run first (5d08afa merged the product kernels after the
+# last device call). ~420 s on a fresh machine, ~240 s warm. Figures: ab_trees.log, ab-results.tgz.
 S=$(date +%s)
 left() { echo $(( ${TOTAL:-560} - ($(date +%s) - S) )); }
 make_tree() {  # name, patch
@@ -19,7 +20,7 @@ make_tree() {  # name, patch
 make_tree rows128 rows-128.patch
 make_tree heads1 heads-one-kernel.patch
 if [ ! -d /tmp/q3tts/full ]; then
-  PHASES="setup build snapshot" BUDGET_S=250 MAX_JOBS=8 COMMIT=pending bash benchmarks/device/run_all.sh 2>&1 | tail -4
+  PHASES="setup build snapshot tests" BUDGET_S=290 MAX_JOBS=8 COMMIT=pending bash benchmarks/device/run_all.sh 2>&1 | tail -6
 fi
 wait
 echo "=== rows128's product tests ($(left)s left)"
