@@ -181,6 +181,7 @@ def run_together(engine: VoiceDesignEngine, requests: list[SynthesisRequest]) ->
         active = []
         for i, s in enumerate(sessions):
             result = engine.prefill(s)
+            assert result.codes is not None, "a prefill yields the first frame's codes"
             frames[i].append(result.codes)
             active.append(i)
         while active:

@@ -516,7 +516,7 @@ def test_tensor_core_swiglu_is_the_product_then_silu_mul(  # type: ignore[no-unt
 
 def check_swiglu_is_the_product_then_silu_mul(  # type: ignore[no-untyped-def]
     swiglu, product, n: int, k: int, intermediate: int, kind: str
-) -> tuple[torch.Tensor, torch.Tensor, object]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | reference.QuantizedWeight]:
     """Checks that `swiglu` (x, fused gate/up weight) equals `product` then silu_mul bit for bit and is within
     1e-2 of the reference; returns (x, the SwiGLU, the weight)."""
     x = torch.randn(n, k, device="cuda", dtype=BF16)

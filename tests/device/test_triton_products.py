@@ -160,7 +160,9 @@ def test_the_frames_products_of_33_to_64_rows_run_on_triton(hopper: None, mode: 
     g = torch.Generator(device="cuda").manual_seed(7)
     for n in (33, 64):
         x = torch.randn(n, 1024, generator=g, device="cuda").to(BF16)
-        assert torch.equal(block.gate_up.swiglu(x), ops.triton_linear_swiglu(x, block.gate_up.dense))
+        swiglu = block.gate_up.swiglu(x)
+        assert isinstance(swiglu, torch.Tensor)
+        assert torch.equal(swiglu, ops.triton_linear_swiglu(x, block.gate_up.dense))
         assert torch.equal(block.qkv(x), ops.triton_linear(x, block.qkv.dense))
         for product, k in ((block.down, 3072), (block.o, 2048)):
             h = torch.randn(n, k, generator=g, device="cuda").to(BF16)
