@@ -11,14 +11,19 @@ The product is swapped (W [m, k] is the wgmma's A, the activation rows x [n, k] 
 rows and every activation row) and split over k: a block's float32 partial sums [n, m] go to a workspace that
 a second kernel adds in order (deterministic), scales (fp8 weights: a scale per output channel) and, for
 gate/up, turns into silu(gate) * up: the work of cuBLAS's split-K reduction and our `silu_mul` in one kernel.
-One split writes the result directly. Weights bf16 (exact's) and e4m3 (fast's, widened to bf16 in registers).
+One split writes the result directly. Weights bf16 (exact's) and e4m3 (fast's, widened to bf16 in registers),
+and e4m3 weights against e4m3 activation rows (`--fp8-rows`, kind "fp8xfp8": the wgmma takes both operands as
+codes, nothing widened, a scale per output channel and per activation row applied to the sums; the rows are
+quantized once outside the timed graph, as the kernel that makes them would: run 148 found widening the
+weight's codes costlier than the bytes it saves, and the talker's 64-row products stream their bf16 weights
+near the bandwidth, so whether 1-byte operands end to end halve them decides fast mode's next product).
 
 Each product runs `GRAPH_CALLS` times back to back in one CUDA graph, each call on its own copy of the weight
 from a ring larger than twice L2 (cold weights, as in a frame), against bf16 cuBLAS (`F.linear`, plus
 `silu_mul` for gate/up) the same way. Every configuration's output is checked against the float32 product of
 the same (dequantized) weight first. The frame estimate weighs each product by its calls in a 64-row frame.
 
-Usage: python benchmarks/device/triton_products_ceiling.py --out DIR [--rows 64] [--shapes a,b]
+Usage: python benchmarks/device/triton_products_ceiling.py --out DIR [--rows 64] [--shapes a,b] [--fp8-rows]
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ def split_products_kernel(
     w_ptr,
     x_ptr,
     scale_ptr,
+    row_scale_ptr,
     out_ptr,
     rows,
     m_out,
@@ -73,6 +79,7 @@ def split_products_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SCALED: tl.constexpr,
+    CODES: tl.constexpr,
     PARTIAL: tl.constexpr,
     SWIGLU: tl.constexpr,
 ):
@@ -80,7 +87,8 @@ def split_products_kernel(
 
     PARTIAL: float32 sums into out [split, BLOCK_N, m_out]. Otherwise (one split) the result into out
     [rows, m_out] (scaled), or with SWIGLU silu(gate) * up into out [rows, m_out / 2], the block's gate rows
-    and their up rows (m_out / 2 further) multiplied together."""
+    and their up rows (m_out / 2 further) multiplied together. CODES: x is e4m3 codes with a scale per row
+    (`row_scale_ptr`), multiplied by the weight's codes as they are."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
     offs_n = tl.arange(0, BLOCK_N)
@@ -93,9 +101,14 @@ def split_products_kernel(
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in tl.range(0, k_split, BLOCK_K):
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        acc = tl.dot(tl.load(w_ptrs).to(tl.bfloat16), x, acc)
-        if SWIGLU:
-            up = tl.dot(tl.load(w_ptrs + half * k).to(tl.bfloat16), x, up)
+        if CODES:
+            acc = tl.dot(tl.load(w_ptrs), x, acc)
+            if SWIGLU:
+                up = tl.dot(tl.load(w_ptrs + half * k), x, up)
+        else:
+            acc = tl.dot(tl.load(w_ptrs).to(tl.bfloat16), x, acc)
+            if SWIGLU:
+                up = tl.dot(tl.load(w_ptrs + half * k).to(tl.bfloat16), x, up)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out_mask = offs_n[None, :] < rows
@@ -106,6 +119,11 @@ def split_products_kernel(
             acc = acc * tl.load(scale_ptr + offs_m)[:, None]
             if SWIGLU:
                 up = up * tl.load(scale_ptr + half + offs_m)[:, None]
+        if CODES:
+            row_scale = tl.load(row_scale_ptr + offs_n, mask=offs_n < rows, other=0.0)[None, :]
+            acc = acc * row_scale
+            if SWIGLU:
+                up = up * row_scale
         width = m_out
         if SWIGLU:
             acc = acc / (1.0 + tl.exp(-acc)) * up
@@ -117,16 +135,19 @@ def split_products_kernel(
 def reduce_splits_kernel(
     partial_ptr,
     scale_ptr,
+    row_scale_ptr,
     out_ptr,
     m_out,
     width,
     split_stride,
     SPLITS: tl.constexpr,
     SCALED: tl.constexpr,
+    CODES: tl.constexpr,
     SWIGLU: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """out[row, j] = sum over splits in order (scaled); SWIGLU: silu(gate_j) * up_j, up j + m_out / 2."""
+    """out[row, j] = sum over splits in order (scaled; CODES: times the row's scale too); SWIGLU: silu(gate_j)
+    * up_j, up j + m_out / 2."""
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < width
@@ -141,38 +162,59 @@ def reduce_splits_kernel(
         acc = acc * tl.load(scale_ptr + offs, mask=mask, other=0.0)
         if SWIGLU:
             up = up * tl.load(scale_ptr + width + offs, mask=mask, other=0.0)
+    if CODES:
+        acc = acc * tl.load(row_scale_ptr + row)
+        if SWIGLU:
+            up = up * tl.load(row_scale_ptr + row)
     if SWIGLU:
         acc = acc / (1.0 + tl.exp(-acc)) * up
     tl.store(out_ptr + row * width + offs, acc.to(tl.bfloat16), mask=mask)
 
 
 def swapped_product(
-    x: torch.Tensor,
+    x: torch.Tensor | reference.QuantizedRows,
     data: torch.Tensor,
     scale: torch.Tensor | None,
     swiglu: bool,
     config: dict[str, int],
     workspace: torch.Tensor,
 ) -> torch.Tensor:
-    """x [n, k] @ data^T (* scale), or silu(gate) * up: one launch for one split, else two."""
-    rows, k = x.shape
+    """x [n, k] @ data^T (* scale), or silu(gate) * up: one launch for one split, else two. x as
+    `QuantizedRows`: its codes against the weight's, the sums scaled by both."""
+    codes = isinstance(x, reference.QuantizedRows)
+    rows_data = x.codes if isinstance(x, reference.QuantizedRows) else x
+    row_scale = x.scale if isinstance(x, reference.QuantizedRows) else rows_data
+    rows, k = rows_data.shape
     m_out = data.shape[0]
     block_m, block_k, splits = config["block_m"], config["block_k"], config["splits"]
     width = m_out // 2 if swiglu else m_out
-    out = torch.empty(rows, width, device=x.device, dtype=BF16)
-    scale_arg = scale if scale is not None else x
-    common = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, SCALED=scale is not None)
+    out = torch.empty(rows, width, device=rows_data.device, dtype=BF16)
+    scale_arg = scale if scale is not None else rows_data
+    common = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, SCALED=scale is not None, CODES=codes)
     launch = dict(num_warps=config["warps"], num_stages=config["stages"])
     if splits == 1:
         grid = ((width if swiglu else m_out) // block_m, 1)
         split_products_kernel[grid](
-            data, x, scale_arg, out, rows, m_out, k, k, PARTIAL=False, SWIGLU=swiglu, **common, **launch
+            data,
+            rows_data,
+            scale_arg,
+            row_scale,
+            out,
+            rows,
+            m_out,
+            k,
+            k,
+            PARTIAL=False,
+            SWIGLU=swiglu,
+            **common,
+            **launch,
         )
         return out
     split_products_kernel[(m_out // block_m, splits)](
         data,
-        x,
+        rows_data,
         scale_arg,
+        row_scale,
         workspace,
         rows,
         m_out,
@@ -187,12 +229,14 @@ def swapped_product(
     reduce_splits_kernel[(rows, triton.cdiv(width, block))](
         workspace,
         scale_arg,
+        row_scale,
         out,
         m_out,
         width,
         64 * m_out,
         SPLITS=splits,
         SCALED=scale is not None,
+        CODES=codes,
         SWIGLU=swiglu,
         BLOCK=block,
         num_warps=4,
@@ -200,9 +244,12 @@ def swapped_product(
     return out
 
 
-def configurations(k: int, m_out: int, swiglu: bool, weight_bytes: int) -> list[dict[str, int]]:
+def configurations(
+    k: int, m_out: int, swiglu: bool, weight_bytes: int, row_bytes: int = 2
+) -> list[dict[str, int]]:
     """Block shapes and splits whose blocks tile the product exactly and number 32 to ~1,100 (one to eight
-    waves of 132 SMs), with as many pipeline stages (3 or 4) as fit the shared memory."""
+    waves of 132 SMs), with as many pipeline stages (3 or 4) as fit the shared memory (`row_bytes`: an
+    activation element's)."""
     found = []
     for block_m, block_k, splits in itertools.product(BLOCK_M, BLOCK_K, SPLITS):
         direct_rows = m_out // 2 if (swiglu and splits == 1) else m_out
@@ -212,7 +259,7 @@ def configurations(k: int, m_out: int, swiglu: bool, weight_bytes: int) -> list[
         if not 32 <= blocks <= 1100:
             continue
         weights_a_stage = block_m * block_k * weight_bytes * (2 if swiglu and splits == 1 else 1)
-        stage = weights_a_stage + 64 * block_k * 2
+        stage = weights_a_stage + 64 * block_k * row_bytes
         stages = 4 if 4 * stage <= SHARED_MEMORY else 3
         if stages * stage > SHARED_MEMORY:
             continue
@@ -236,46 +283,58 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return float((out.float() - expected).norm() / expected.norm())
 
 
-def measure_shape(name: str, k: int, m_out: int, rows: int, deadline: float) -> list[dict[str, Any]]:
-    """The product's entries for bf16 and fp8 weights: cuBLAS (bf16) and every Triton configuration."""
+def measure_shape(
+    name: str, k: int, m_out: int, rows: int, deadline: float, fp8_rows: bool
+) -> list[dict[str, Any]]:
+    """The product's entries for bf16 and fp8 weights (and, with `fp8_rows`, fp8 weights on fp8 rows):
+    cuBLAS (bf16) and every Triton configuration."""
     w = (torch.randn(m_out, k, device="cuda") / k**0.5).to(BF16)
     x = torch.randn(rows, k, device="cuda", dtype=BF16)
-    entries = []
-    for kind in ("bf16", "fp8"):
-        if kind == "bf16":
-            entries.append(measure_weights(name, x, w, None, deadline))
-        else:
-            quantized = reference.quantize_weight(w, "fp8")
-            entries.append(measure_weights(name, x, quantized.data, quantized.scale, deadline))
+    quantized = reference.quantize_weight(w, "fp8")
+    entries = [
+        measure_weights(name, x, w, None, deadline),
+        measure_weights(name, x, quantized.data, quantized.scale, deadline),
+    ]
+    if fp8_rows:
+        x_codes = reference.quantize_rows_fp8(x)
+        entries.append(measure_weights(name, x_codes, quantized.data, quantized.scale, deadline))
     return entries
 
 
 def measure_weights(
-    name: str, x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor | None, deadline: float
+    name: str,
+    x: torch.Tensor | reference.QuantizedRows,
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    deadline: float,
 ) -> dict[str, Any]:
-    """One product of weight `data` (bf16, or e4m3 with a scale per output channel) on rows x."""
+    """One product of weight `data` (bf16, or e4m3 with a scale per output channel) on rows x (bf16, or e4m3
+    codes with a scale per row: kind "fp8xfp8", against the float32 product of both dequantized)."""
     swiglu = name.endswith("gate_up")
-    rows, k = x.shape
+    codes = isinstance(x, reference.QuantizedRows)
+    rows_float = x.codes.float() * x.scale[:, None] if isinstance(x, reference.QuantizedRows) else x.float()
+    rows, k = rows_float.shape
     m_out = data.shape[0]
     dense = data.float() if scale is None else data.float() * scale[:, None]
-    expected = x.float() @ dense.T
+    expected = rows_float @ dense.T
     if swiglu:
         expected = F.silu(expected[:, : m_out // 2]) * expected[:, m_out // 2 :]
     copies = max(2, -(-2 * L2_BYTES // (data.numel() * data.element_size())))
     ring = [data] + [data.clone() for _ in range(copies - 1)]
     workspace = torch.empty(max(SPLITS) * 64 * m_out, device="cuda", dtype=torch.float32)
-    kind = "bf16" if scale is None else "fp8"
+    kind = "bf16" if scale is None else "fp8xfp8" if codes else "fp8"
     entry: dict[str, Any] = {"op": name, "weights": kind, "rows": rows, "k": k, "m": m_out}
-    if scale is None:
+    if isinstance(x, torch.Tensor) and scale is None:
+        bf16_rows = x
 
         def cublas(c: int) -> torch.Tensor:
-            out = F.linear(x, ring[c % copies])
+            out = F.linear(bf16_rows, ring[c % copies])
             return ops.silu_mul(out[:, : m_out // 2], out[:, m_out // 2 :]) if swiglu else out
 
         entry["cublas_us"] = round(graph_us(cublas), 2)
         entry["cublas_error"] = relative_error(cublas(0), expected)
     tried: list[dict[str, Any]] = []
-    for config in configurations(k, m_out, swiglu, data.element_size()):
+    for config in configurations(k, m_out, swiglu, data.element_size(), 1 if codes else 2):
         if time.monotonic() > deadline:
             entry["cut"] = "time budget"
             break
@@ -323,6 +382,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=64, help="activation rows (streams), at most 64")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma list of products to measure")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop trying configurations after this")
+    parser.add_argument(
+        "--fp8-rows", action="store_true", help="also e4m3 weights on e4m3 activation rows (kind fp8xfp8)"
+    )
     args = parser.parse_args()
     if not 1 <= args.rows <= 64:
         raise SystemExit("--rows must be 1 to 64 (one 64-row block of activations)")
@@ -336,7 +398,7 @@ def main() -> int:
     }
     for name in args.shapes.split(","):
         k, m_out, _ = SHAPES[name]
-        result["products"].extend(measure_shape(name, k, m_out, args.rows, deadline))
+        result["products"].extend(measure_shape(name, k, m_out, args.rows, deadline, args.fp8_rows))
         result["frame_products_us"] = frame_estimate(result["products"])
         (args.out / f"triton-products-ceiling-n{args.rows}.json").write_text(json.dumps(result, indent=2))
     print("frame products (us):", json.dumps(result["frame_products_us"]))
