@@ -182,8 +182,7 @@ def swapped_product(
     """x [n, k] @ data^T (* scale), or silu(gate) * up: one launch for one split, else two. x as
     `QuantizedRows`: its codes against the weight's, the sums scaled by both."""
     codes = isinstance(x, reference.QuantizedRows)
-    rows_data = x.codes if isinstance(x, reference.QuantizedRows) else x
-    row_scale = x.scale if isinstance(x, reference.QuantizedRows) else rows_data
+    rows_data, row_scale = (x.codes, x.scale) if isinstance(x, reference.QuantizedRows) else (x, x)
     rows, k = rows_data.shape
     m_out = data.shape[0]
     block_m, block_k, splits = config["block_m"], config["block_k"], config["splits"]
