@@ -917,13 +917,13 @@ def tensor_core_linear_swiglu(x: Tensor, gate_up: Tensor | QuantizedWeight) -> T
 
 def triton_linear_suits(x: Tensor, weight: Tensor, swiglu: bool = False) -> bool:
     """Whether `triton_linear` (or, with `swiglu`, `triton_linear_swiglu`) runs these operands on its Triton
-    kernel rather than the torch reference: Triton installed, a Hopper GPU, bf16 x of 1 to 64 rows and a bf16
+    kernel rather than the torch reference: Triton installed, a Hopper GPU, bf16 x of 1 to 128 rows and a bf16
     weight whose shape fills the kernel's blocks (triton_products.suits)."""
     return triton_products is not None and triton_products.suits(x, weight, swiglu)
 
 
 def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """`linear` of up to 64 rows in one Triton kernel, where its wgmma beats cuBLAS (the qkv products;
+    """`linear` of up to 128 rows in one Triton kernel, where its wgmma beats cuBLAS (the qkv products;
     triton_products says why). Kernel tolerance vs the reference: `linear`'s (the fp32 sums of the same
     products in another order)."""
     if not triton_linear_suits(x, weight):
@@ -932,7 +932,7 @@ def triton_linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def triton_linear_split_sums(x: Tensor, weight: Tensor) -> Tensor | SplitSums:
-    """`linear` of up to 64 rows with k split over four Triton blocks, their float32 sums left unadded
+    """`linear` of up to 128 rows with k split over four Triton blocks, their float32 sums left unadded
     (`SplitSums`) for `add_rms_norm_` to add in split order: for a product that only feeds the residual stream
     (the MLP's down products, the o products), no kernel of its own for the sums. Where Triton does not run
     these operands, the product itself (`triton_linear`'s fallback)."""
@@ -942,7 +942,7 @@ def triton_linear_split_sums(x: Tensor, weight: Tensor) -> Tensor | SplitSums:
 
 
 def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
-    """`linear_swiglu` of up to 64 rows in one Triton kernel (the gate/up products and their SwiGLU; the
+    """`linear_swiglu` of up to 128 rows in one Triton kernel (the gate/up products and their SwiGLU; the
     roundings of the product then `silu_mul`). Kernel tolerance: `triton_linear`'s, then `silu_mul`'s
     roundings."""
     if not triton_linear_suits(x, gate_up, swiglu=True):

@@ -1,5 +1,5 @@
-"""The MLP, qkv and o products of 33 to 64 decode rows as Triton kernels (wgmma on Hopper), where they beat
-cuBLAS.
+"""The MLP, qkv, o and head products of 33 to 128 decode rows as Triton kernels (wgmma on Hopper), where they
+beat cuBLAS.
 
 Why: at 64 streams the frame's products are cuBLAS kernels with split-K reductions and a `silu_mul` after
 every gate/up product. benchmarks/device/triton_products_ceiling.py timed each of the frame's 64-row products
@@ -7,10 +7,12 @@ both ways on the H200 (benchmarks/results/2026-12-05-run148, cold weights, in a 
 with their SwiGLU 18.85 -> 15.98 us (talker) and 8.75 -> 7.66 (predictor), the down products with their
 reduction 12.45 -> 11.18 and 8.21 -> 7.22; the qkv, o and head products lost (+2 to +21%). The o products
 (6.60 -> 7.18 talker, 6.08 -> 6.50 predictor) lost with their own reduce kernel, which they do not need: their
-split sums go to the add-RMSNorm kernel as the down products' do. The heads stay on cuBLAS; qkv: below.
+split sums go to the add-RMSNorm kernel as the down products' do. qkv and the heads: below.
 
-The product is swapped: the weight [m, k] is the wgmma's A and the 64 activation rows its B, so a block owns
-64 weight rows and every activation row, and streams its weights once (4-stage cp.async pipeline). The gate/up
+The product is swapped: the weight [m, k] is the wgmma's A and a tile of 64 activation rows its B, so a block
+owns 64 weight rows and a row tile, and streams its weights once a tile (4-stage cp.async pipeline). 65-128
+rows (the predictor's first step at 64 streams: two rows a stream) are two tiles, a grid dimension, each row's
+result the same bits in either tile. The gate/up
 kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
 swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The plain products' kernel
 splits k over `DOWN_SPLITS` blocks (down, o) whose float32 partial sums a second kernel adds in split order
@@ -28,8 +30,10 @@ qkv product of 64 rows as split products and the reduce kernel (both dependent) 
 mode, the 64-stream lockstep's aggregate RTF 0.00305 -> 0.00298 (exact), 0.00152 -> 0.00150 (fast)
 (benchmarks/results/2026-12-07-run167, an H100): cuBLAS's kernel broke the dependent-launch chain on both
 sides in every layer. The heads on the split products and reduce kernel gained nothing there (4.74 -> 4.71 /
-4.74 ms) and stay on cuBLAS. Only imported where Triton is (ops.py guards it); the torch references are
-`reference.linear` and `reference.linear_swiglu`.
+4.74 ms); as the one kernel they did, as did the 128-row tiles that took the predictor's first step at 64
+streams off cuBLAS and `silu_mul` (benchmarks/results/2026-12-07-run170, an H100, two rounds: 64-row frames
+-0.4 to -1.0% each, fast's 64-stream lockstep aggregate -1 to -2% with the heads). Only imported where Triton
+is (ops.py guards it); the torch references are `reference.linear` and `reference.linear_swiglu`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from torch import Tensor
 from .triton_dependent import begin_dependent_kernel
 
 BLOCK_WEIGHT_ROWS = 64
-BLOCK_ACTIVATION_ROWS = 64  # every activation row in one block: at most this many rows
+BLOCK_ACTIVATION_ROWS = 64  # a block's activation rows; more rows take more blocks (`row_tiles`)
+MAX_ROWS = 128  # the predictor's first step at 64 streams: two activation tiles
 BLOCK_K = 128
 STAGES = 4
 DOWN_SPLITS = 4
@@ -75,10 +80,10 @@ def _swiglu_kernel(  # type: ignore[no-untyped-def]
     DEPENDENT: tl.constexpr,
 ):
     """out [rows, width] = silu(x @ gate^T) * (x @ up^T) for w = [gate; up] [2 * width, k]: a block's gate
-    rows and the up rows `width` further, against every activation row."""
+    rows and the up rows `width` further, against the activation rows of its tile (program 1)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     begin_dependent_kernel(DEPENDENT)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     gate_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
     x_ptrs = x_ptr + offs_n[None, :] * k + offs_k[:, None]
@@ -112,13 +117,14 @@ def _product_kernel(  # type: ignore[no-untyped-def]
     ROUNDED: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
-    """The block's weight rows against every activation row over k [split * k_split, + k_split), split =
-    program 1: float32 partial sums out [split, BLOCK_N, m_out], or with ROUNDED (one split over all of k)
-    the product out [rows, m_out] rounded once to bf16."""
+    """The block's weight rows against its tile's activation rows (program 2) over k [split * k_split,
+    + k_split), split = program 1: float32 partial sums out [split, BLOCK_N * row tiles, m_out], or with
+    ROUNDED (one split over all of k) the product out [rows, m_out] rounded once to bf16."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
     begin_dependent_kernel(DEPENDENT)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    padded_rows = tl.num_programs(2) * BLOCK_N
     offs_k = split * k_split + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_m[:, None] * k + offs_k[None, :]
     x_ptrs = x_ptr + offs_n[None, :] * k + offs_k[:, None]
@@ -128,7 +134,7 @@ def _product_kernel(  # type: ignore[no-untyped-def]
         acc = tl.dot(tl.load(w_ptrs), tl.load(x_ptrs, mask=row_mask, other=0.0), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    out_ptrs = out_ptr + (split * BLOCK_N + offs_n[None, :]) * m_out + offs_m[:, None]
+    out_ptrs = out_ptr + (split * padded_rows + offs_n[None, :]) * m_out + offs_m[:, None]
     if ROUNDED:
         tl.store(out_ptrs, _to_bf16(acc), mask=row_mask)
     else:
@@ -157,7 +163,7 @@ def _reduce_kernel(  # type: ignore[no-untyped-def]
 
 
 def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
-    """Whether the kernels take these operands: a Hopper (or later) GPU, bf16 x [1..64, k] and weight [m, k],
+    """Whether the kernels take these operands: a Hopper (or later) GPU, bf16 x [1..128, k] and weight [m, k],
     both contiguous, k a multiple of the blocks' k (times `DOWN_SPLITS` for a plain product) and m of 64
     weight rows (of 128 for [gate; up])."""
     if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype == torch.bfloat16):
@@ -171,7 +177,12 @@ def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
     k_unit = BLOCK_K if swiglu else BLOCK_K * DOWN_SPLITS
     m_unit = 2 * BLOCK_WEIGHT_ROWS if swiglu else BLOCK_WEIGHT_ROWS
     shapes_fit = weight.shape[1] == k and k % k_unit == 0 and m_out % m_unit == 0
-    return 1 <= rows <= BLOCK_ACTIVATION_ROWS and shapes_fit
+    return 1 <= rows <= MAX_ROWS and shapes_fit
+
+
+def row_tiles(rows: int) -> int:
+    """The activation tiles of `rows` rows: one block each per weight tile (and split)."""
+    return triton.cdiv(rows, BLOCK_ACTIVATION_ROWS)
 
 
 def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor:
@@ -180,7 +191,7 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor
     rows, k = x.shape
     width = gate_up.shape[0] // 2
     out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
-    _swiglu_kernel[(width // BLOCK_WEIGHT_ROWS,)](
+    _swiglu_kernel[(width // BLOCK_WEIGHT_ROWS, row_tiles(rows))](
         gate_up,
         x,
         out,
@@ -205,9 +216,9 @@ def linear(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
 
 
 def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
-    """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, 64, m]: split s over k [s k / DOWN_SPLITS,
-    + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
-    shape = (DOWN_SPLITS, BLOCK_ACTIVATION_ROWS, weight.shape[0])
+    """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, rows rounded up to 64, m]: split s over k
+    [s k / DOWN_SPLITS, + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
+    shape = (DOWN_SPLITS, row_tiles(x.shape[0]) * BLOCK_ACTIVATION_ROWS, weight.shape[0])
     partial = torch.empty(shape, device=x.device, dtype=torch.float32)
     return _product(x, weight, partial, splits=DOWN_SPLITS, dependent=dependent)
 
@@ -217,7 +228,7 @@ def _product(x: Tensor, weight: Tensor, out: Tensor, splits: int, dependent: boo
     rounded to `out`'s bf16."""
     rows, k = x.shape
     m_out = weight.shape[0]
-    _product_kernel[(m_out // BLOCK_WEIGHT_ROWS, splits)](
+    _product_kernel[(m_out // BLOCK_WEIGHT_ROWS, splits, row_tiles(rows))](
         weight,
         x,
         out,

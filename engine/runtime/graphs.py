@@ -17,17 +17,17 @@ live length, SwiGLU, the one-kernel sampler, and weight-only GEMVs for products 
 eviction priorities: a share of the predictor's weights stays in the L2 between its 15 steps
 (`PREDICTOR_L2_SHARE`). Every kernel of ours, the Triton ones included, is launched with programmatic
 dependent launch (kernels/csrc/launch.cuh), so inside the graph a kernel's launch overlaps the end of the one
-before it; cuBLAS's kernels (the heads' at 33-64 rows) break that chain. Larger products run on cuBLAS
-(F.linear, bf16 weights): the GEMV re-reads the weights per tile of 16 rows and is CUDA-core bound from ~8
-rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the same kernels: the prompts
-of the sessions prefilled together are the rows of a pass, one row per token
+before it; cuBLAS's kernels (products of more than `Mode.triton_max_rows` rows) break that chain. Larger
+products run on cuBLAS (F.linear, bf16 weights): the GEMV re-reads the weights per tile of 16 rows and is
+CUDA-core bound from ~8 rows on (kernel-bench.json), while cuBLAS streams them once. A prefill runs on the
+same kernels: the prompts of the sessions prefilled together are the rows of a pass, one row per token
 (`KernelFrame.prefill_hidden_many`), and their frames 0 are completed by the complete-frames graph of the
 batch's bucket. A pass is padded and replayed from a graph: within the largest prompt bucket, from that
 bucket's; above it (several sessions, or a long prompt), from the graph of its `PACKED_PROMPT_BUCKETS` entry
-and span, attending through torch's varlen flash attention over each prompt (`PromptSequences`) instead of
-the per-row decode kernel. Only a pass whose padding would not fit (`KernelFrame.pass_rows`) runs eagerly.
-Modes (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and
-fast's products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
+and span, attending through torch's varlen flash attention over each prompt (`PromptSequences`) instead of the
+per-row decode kernel. Only a pass whose padding would not fit (`KernelFrame.pass_rows`) runs eagerly. Modes
+(runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and fast's
+products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
@@ -246,9 +246,9 @@ class Weight:
     Products of fewer than `gemm_min_rows` rows take the GEMV; from `fp8_min_rows` rows on (when set; `small`
     is then fp8) an fp8 GEMM over `small`; in between, the tensor-core kernel over `small` up to
     `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), then the Triton
-    kernels over `dense` up to `triton_max_rows` rows (set for the attention's and the MLP's weights:
-    ops.triton_linear; `residual_delta` for down and o, whose products only feed the residual add), else bf16
-    cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
+    kernels over `dense` up to `triton_max_rows` rows (set for the attention's, the MLP's and the heads'
+    weights: ops.triton_linear; `residual_delta` for down and o, whose products only feed the residual add),
+    else bf16 cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
     `KernelFrame`'s L2 plan)."""
 
     dense: Tensor
@@ -398,8 +398,8 @@ def _l2_bytes(device: torch.device) -> int:
 
 
 def _prepare(weight: Tensor, mode: Mode, triton: bool = False) -> Weight:
-    """`weight` for `mode`; `triton`: a decoder block's weight (qkv, o, gate/up, down), whose 33-64-row
-    products run on Triton (`Mode.triton_max_rows`)."""
+    """`weight` for `mode`; `triton`: a decoder block's weight (qkv, o, gate/up, down) or a head, whose
+    products of 33-128 rows run on Triton (`Mode.triton_max_rows`)."""
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
     return Weight(
@@ -629,10 +629,12 @@ class KernelFrame:
         ]
         predictor_blocks = [_Block.from_module(layer, mode) for layer in predictor.layers]
         self.predictor_blocks = _l2_plan(predictor_blocks, keep)
-        self.codec_head = _streamed(_prepare(talker.codec_head.weight, mode))
+        self.codec_head = _streamed(_prepare(talker.codec_head.weight, mode, triton=True))
         self.projection = _streamed(_prepare(predictor.projection.weight, mode))
         self.projection_bias = predictor.projection.bias
-        self.heads = [_streamed(_prepare(cast(Tensor, head.weight), mode)) for head in predictor.heads]
+        self.heads = [
+            _streamed(_prepare(cast(Tensor, head.weight), mode, triton=True)) for head in predictor.heads
+        ]
         self.groups = predictor.groups
         self.step_inputs = _projected_embeddings(predictor)
         self.codebook_tables = _codebook_tables(talker, predictor)

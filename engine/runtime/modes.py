@@ -59,8 +59,10 @@ class Mode:
     product lost there (6.60 -> 7.18, 6.08 -> 6.50) as a product with its own reduce kernel; down and o only
     feed the residual add, so they hand the add-RMSNorm kernel their split sums (`Weight.residual_delta`) and
     have no reduce kernel. The qkv product lost too alone, but won in the frame as one kernel without a split
-    (run 167, H100: the 64-row frame 4.74 -> 4.60 ms), where cuBLAS broke the dependent-launch chain. The
-    heads stay on cuBLAS. 0: cuBLAS (the A/B's base).
+    (run 167, H100: the 64-row frame 4.74 -> 4.60 ms), where cuBLAS broke the dependent-launch chain; so did
+    the heads (`KernelFrame`: run 170, 64-row frames -0.4..0.8%, fast's lockstep aggregate -1..2%). 128 rows
+    (two activation tiles a weight tile): the predictor's first step at 64 streams leaves cuBLAS and
+    `silu_mul` (run 170, H100: 64-row frames -0.4..1.0%, first audio not longer). 0: cuBLAS (the A/B's base).
 
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
@@ -73,7 +75,7 @@ class Mode:
     gemm_min_rows: int = 4
     fp8_gemm_min_rows: int | None = None
     tensor_core_max_rows: int = 32
-    triton_max_rows: int = 64
+    triton_max_rows: int = 128
     norm_in_gemv: bool = True
 
     def __post_init__(self) -> None:

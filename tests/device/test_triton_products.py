@@ -1,5 +1,5 @@
 """The Triton products (engine/kernels/triton_products.py) against their torch references, and the frame's
-routing of its 33-64-row MLP and attention products to them.
+routing of its 33-128-row MLP and attention products to them.
 
 Tolerances:
 - triton_linear: linear's (relative L2 <= 5e-3 to the reference: the fp32 sums of the same products in
@@ -26,6 +26,7 @@ BF16 = torch.bfloat16
 DOWN_SHAPES = [(3072, 1024), (6144, 2048)]  # (k, m): the predictor's and the talker's down projections
 GATE_UP_SHAPES = [(1024, 3072), (2048, 6144)]  # (k, intermediate)
 QKV_SHAPES = [(1024, 4096), (2048, 4096)]  # (k, m): the predictor's and the talker's fused qkv
+HEAD_SHAPES = [(1024, 2048), (2048, 3072)]  # (k, m): a predictor head and the talker's codec head
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.mark.parametrize("n", [1, 33, 64])
-@pytest.mark.parametrize("k,m", DOWN_SHAPES + QKV_SHAPES)
+@pytest.mark.parametrize("n", [1, 33, 64, 100, 128])
+@pytest.mark.parametrize("k,m", DOWN_SHAPES + QKV_SHAPES + HEAD_SHAPES)
 def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
@@ -53,7 +54,7 @@ def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
     assert torch.equal(ops.triton_linear(x, w), out)
 
 
-@pytest.mark.parametrize("n", [33, 64])
+@pytest.mark.parametrize("n", [33, 64, 128])
 @pytest.mark.parametrize("k,m", DOWN_SHAPES)
 def test_triton_linear_split_sums_added_by_the_norm(hopper: None, n: int, k: int, m: int) -> None:
     """The down product's split sums, left for the add-RMSNorm after it: the product within linear's
@@ -74,7 +75,7 @@ def test_triton_linear_split_sums_added_by_the_norm(hopper: None, n: int, k: int
     assert torch.equal(r_sums, r_product)
 
 
-@pytest.mark.parametrize("n", [1, 33, 64])
+@pytest.mark.parametrize("n", [1, 33, 64, 100, 128])
 @pytest.mark.parametrize("k,intermediate", GATE_UP_SHAPES)
 def test_triton_linear_swiglu(hopper: None, n: int, k: int, intermediate: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(n * 3 + k)
@@ -114,13 +115,33 @@ def swiglu_deviation_bound(x: torch.Tensor, w: torch.Tensor, products: torch.Ten
     )
 
 
+@pytest.mark.parametrize("k,m", DOWN_SHAPES[:1] + QKV_SHAPES[:1])
+def test_a_rows_products_are_the_same_in_either_tile(hopper: None, k: int, m: int) -> None:
+    """128 rows run as two tiles of 64: each row's product, split sums and SwiGLU are bit for bit those of the
+    same row among 64 (the frame's rows are independent of their companions)."""
+    g = torch.Generator(device="cuda").manual_seed(k + m)
+    x = torch.randn(128, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+    gate_up = (torch.randn(2 * m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+
+    def products(rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        split = ops.added(ops.triton_linear_split_sums(rows, w))
+        return ops.triton_linear(rows, w), split, ops.triton_linear_swiglu(rows, gate_up)
+
+    together = products(x)
+    for rows in (slice(0, 64), slice(64, 128)):
+        for both, alone in zip(together, products(x[rows]), strict=True):
+            assert torch.equal(both[rows], alone)
+
+
 def test_what_the_kernels_take(hopper: None) -> None:
-    """1 to 64 contiguous bf16 rows of the MLP's shapes; not 65 rows, fp8 codes or a k the splits cannot
+    """1 to 128 contiguous bf16 rows of the MLP's shapes; not 129 rows, fp8 codes or a k the splits cannot
     divide (those stay on cuBLAS)."""
     x64 = torch.zeros(64, 3072, device="cuda", dtype=BF16)
     down = torch.zeros(1024, 3072, device="cuda", dtype=BF16)
     assert ops.triton_linear_suits(x64, down)
-    assert not ops.triton_linear_suits(torch.zeros(65, 3072, device="cuda", dtype=BF16), down)
+    assert ops.triton_linear_suits(torch.zeros(128, 3072, device="cuda", dtype=BF16), down)
+    assert not ops.triton_linear_suits(torch.zeros(129, 3072, device="cuda", dtype=BF16), down)
     assert not ops.triton_linear_suits(x64, reference.quantize_weight(down, "fp8").data)
     odd = torch.zeros(1024, 3000, device="cuda", dtype=BF16)
     assert not ops.triton_linear_suits(torch.zeros(64, 3000, device="cuda", dtype=BF16), odd)
@@ -151,14 +172,14 @@ class PredictorBlockShapes(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mode", [EXACT, FAST], ids=["exact", "fast"])
-def test_the_frames_products_of_33_to_64_rows_run_on_triton(hopper: None, mode: Mode) -> None:
+def test_the_frames_products_of_33_to_128_rows_run_on_triton(hopper: None, mode: Mode) -> None:
     """The engine's block gives its gate/up, down, o and qkv products of more than `tensor_core_max_rows`
     rows, up to `triton_max_rows`, to the Triton kernels (bit for bit their output; down and o as split
     sums)."""
     torch.manual_seed(7)
     block = graphs._Block.from_module(PredictorBlockShapes().to("cuda", BF16), mode)
     g = torch.Generator(device="cuda").manual_seed(7)
-    for n in (33, 64):
+    for n in (33, 64, 128):
         x = torch.randn(n, 1024, generator=g, device="cuda").to(BF16)
         swiglu = block.gate_up.swiglu(x)
         assert isinstance(swiglu, torch.Tensor)

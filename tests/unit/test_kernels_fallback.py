@@ -404,6 +404,23 @@ def test_the_kept_predictor_cache_is_never_replaced(
     assert again_k.untyped_storage().data_ptr() == first_k.untyped_storage().data_ptr()
 
 
+def test_the_blocks_and_heads_take_the_modes_triton_rows(
+    tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
+) -> None:
+    """Every block weight and every head carries the mode's `triton_max_rows` (on Hopper their 33-128-row
+    products leave cuBLAS, whose kernels break the dependent-launch chain); the predictor's input projection,
+    with its bias, does not."""
+    talker = Talker.from_tensors(tiny_voice_design_config, tiny_tensors)
+    predictor = CodePredictor.from_tensors(tiny_voice_design_config, tiny_tensors)
+    mode = type(FAST)("fast", "bf16", torch.float32)
+    frame = KernelFrame(talker, predictor, mode)
+    blocks = frame.talker_blocks + frame.predictor_blocks
+    weights = [frame.codec_head, *frame.heads, *(w for block in blocks for w in block.weights)]
+    assert len(weights) == 1 + len(predictor.heads) + 4 * len(blocks)
+    assert {w.triton_max_rows for w in weights} == {mode.triton_max_rows} == {128}
+    assert frame.projection.triton_max_rows == 0
+
+
 def test_fast_prefill_matches_the_talker_prompt_pass_on_cpu(
     tiny_voice_design_config: VoiceDesignConfig, tiny_tensors: dict[str, torch.Tensor]
 ) -> None:
