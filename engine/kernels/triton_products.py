@@ -12,13 +12,13 @@ split sums go to the add-RMSNorm kernel as the down products' do. qkv and the he
 The product is swapped: the weight [m, k] is the wgmma's A and a tile of 64 activation rows its B, so a block
 owns 64 weight rows and a row tile, and streams its weights once a tile (4-stage cp.async pipeline). 65-128
 rows (the predictor's first step at 64 streams: two rows a stream) are two tiles, a grid dimension, each row's
-result the same bits in either tile. The gate/up
-kernel holds the gate rows and their up rows in one block and writes only the SwiGLU, rounded as torch and
-swiglu.cu round it (the products to bf16, silu to bf16, their product to bf16). The plain products' kernel
-splits k over `DOWN_SPLITS` blocks (down, o) whose float32 partial sums a second kernel adds in split order
-(deterministic): the reduce kernel here (`added`), or, where the product's output is only added to the
-residual stream before an RMSNorm, that norm's kernel (`split_sums`; ops.add_rms_norm_ of ops.SplitSums); or
-it runs one block over all of k and rounds the product itself (qkv: `linear`).
+result the same bits in either tile. The gate/up kernel holds the gate rows and their up rows in one block and
+writes only the SwiGLU, rounded as torch and swiglu.cu round it (the products to bf16, silu to bf16, their
+product to bf16). The plain products' kernel splits k over `DOWN_SPLITS` blocks (down, o) whose float32
+partial sums a second kernel adds in split order (deterministic): the reduce kernel here (`added`), or, where
+the product's output is only added to the residual stream before an RMSNorm, that norm's kernel (`split_sums`;
+ops.add_rms_norm_ of ops.SplitSums); or it runs one block over all of k and rounds the product itself (qkv:
+`linear`).
 Letting each tile's last block to finish add them instead (a counter per tile, no second kernel) was slower:
 the 64-row frame 5.38 -> 5.46 ms on an H100 (benchmarks/results/2026-12-06-run151).
 
