@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # Fast mode's products after an RMSNorm on e4m3 codes on both sides (`Mode.triton_fp8_rows`: the norm writes
 # e4m3 rows, from the previous product's split sums too), against the checkout: tree fp8gu (`fp8-gate-up.patch`:
-# the gate/up of 33-128 rows, `ops.triton_fp8_linear_swiglu`) and tree fp8all (`fp8-gate-up-qkv.patch`: the
-# same and the qkv, `ops.triton_fp8_linear`). On a fresh machine the checkout's kernel device tests and graph
+# the gate/up of 33-128 rows, `ops.triton_fp8_linear_swiglu`) and tree fp8all (that patch, then `fp8-qkv.patch`:
+# the qkv too, `ops.triton_fp8_linear`). On a fresh machine the checkout's kernel device tests and graph
 # parity first (rows128 and heads1 landed together after passing each in a tree of its own, runs 170-171). Then
 # fp8all's product and norm device tests (fp8gu's are a subset), ROUNDS rounds of frames (default 1) and, if
 # time is left, fp8all's graph parity. ~560 s on a fresh machine, ~330 s warm. Figures: ab_trees.log,
 # ab-results.tgz.
 S=$(date +%s)
 left() { echo $(( ${TOTAL:-570} - ($(date +%s) - S) )); }
-make_tree() {  # name, patch
-  local T=.whl/tree-$1
+make_tree() {  # name, patches (applied in order)
+  local T=.whl/tree-$1 name=$1 patch
+  shift
   rm -rf "$T" && mkdir -p "$T" && cp -rL pyproject.toml qwen3_tts_native tests benchmarks "$T"/ \
-    && ln -s qwen3_tts_native/engine "$T/engine" \
-    && (cd "$T" && patch -s -p1 < "$OLDPWD/benchmarks/device/pending/$2") && echo "tree $1 made"
-  ( cd "$T" && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-$1 MAX_JOBS=4 PYTHONPATH=$PWD:/tmp/site_common \
-      timeout 250 python3 -m qwen3_tts_native.engine.kernels build > "/tmp/q3tts-build-$1.log" 2>&1; echo "tree $1 build rc=$?" ) &
+    && ln -s qwen3_tts_native/engine "$T/engine" || return
+  for patch in "$@"; do
+    (cd "$T" && patch -s -p1 < "$OLDPWD/benchmarks/device/pending/$patch") || return
+  done
+  echo "tree $name made"
+  ( cd "$T" && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-$name MAX_JOBS=4 PYTHONPATH=$PWD:/tmp/site_common \
+      timeout 250 python3 -m qwen3_tts_native.engine.kernels build > "/tmp/q3tts-build-$name.log" 2>&1
+    echo "tree $name build rc=$?" ) &
 }
 make_tree fp8gu fp8-gate-up.patch
-make_tree fp8all fp8-gate-up-qkv.patch
+make_tree fp8all fp8-gate-up.patch fp8-qkv.patch
 if [ ! -d /tmp/q3tts/full ]; then
   PHASES="setup build snapshot tests parity" BUDGET_S=330 MAX_JOBS=8 COMMIT=pending bash benchmarks/device/run_all.sh 2>&1 | tail -6
 fi
