@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Fast mode's down products on e4m3 codes too, against fp8all (`fp8_gate_up_ab.sh`'s tree: the qkv and gate/up
+# on e4m3 codes on both sides): tree fp8down (fp8-gate-up.patch, fp8-qkv.patch, then `fp8-down.patch`: the
+# SwiGLU kernel writes e4m3 codes with a scale a row per 64 columns, `ops.triton_fp8_linear_swiglu_blocks`, and
+# the down product multiplies them as codes, each 64-column step scaled by its block's scales,
+# `ops.triton_fp8_block_split_sums`). Best run right after `fp8_gate_up_ab.sh` on the same machine (its
+# snapshot and checkout build are reused); on a fresh machine it makes them first (no checkout tests). Then
+# fp8down's product device tests, ROUNDS rounds of frames (default 1) and, if time is left, its graph parity.
+# ~450 s warm (fp8down's extension builds; fp8all's is cached from `fp8_gate_up_ab.sh`), ~560 s fresh. Figures:
+# ab_trees.log, ab-results.tgz.
+S=$(date +%s)
+left() { echo $(( ${TOTAL:-570} - ($(date +%s) - S) )); }
+make_tree() {  # name, patches (applied in order)
+  local T=.whl/tree-$1 name=$1 patch
+  shift
+  rm -rf "$T" && mkdir -p "$T" && cp -rL pyproject.toml qwen3_tts_native tests benchmarks "$T"/ \
+    && ln -s qwen3_tts_native/engine "$T/engine" || return
+  for patch in "$@"; do
+    (cd "$T" && patch -s -p1 < "$OLDPWD/benchmarks/device/pending/$patch") || return
+  done
+  echo "tree $name made"
+  ( cd "$T" && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-$name MAX_JOBS=4 PYTHONPATH=$PWD:/tmp/site_common \
+      timeout 250 python3 -m qwen3_tts_native.engine.kernels build > "/tmp/q3tts-build-$name.log" 2>&1
+    echo "tree $name build rc=$?" ) &
+}
+make_tree fp8all fp8-gate-up.patch fp8-qkv.patch
+make_tree fp8down fp8-gate-up.patch fp8-qkv.patch fp8-down.patch
+if [ ! -d /tmp/q3tts/full ]; then
+  PHASES="setup build snapshot" BUDGET_S=250 MAX_JOBS=8 COMMIT=pending bash benchmarks/device/run_all.sh 2>&1 | tail -6
+fi
+wait
+echo "=== fp8down's product and norm tests ($(left)s left)"
+( cd .whl/tree-fp8down && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-fp8down PYTHONPATH=$PWD:/tmp/site_common timeout 120 \
+    python3 -m pytest -q tests/device/test_triton_products.py tests/device/test_dependent_launch.py \
+    -p no:cacheprovider 2>&1 | tail -8 )
+echo "=== ab ($(left)s left)"
+PARITY=""; (( $(left) > 340 )) && PARITY=fp8down
+TREES="fp8all fp8down" TEST_TREES="" PARITY_TREES="$PARITY" ROUNDS=${ROUNDS:-1} BUDGET_S=$(( $(left) - 5 )) \
+  bash benchmarks/device/ab_trees.sh 2>&1 | grep -E "^(===|\w+[0-9]? (exact|fast) |[0-9]+ (passed|failed)|FAILED)" \
+  | cut -c1-400
