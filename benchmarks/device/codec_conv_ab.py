@@ -16,6 +16,7 @@ Usage: python benchmarks/device/codec_conv_ab.py --out DIR [--streams 64] [--rep
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -94,8 +95,8 @@ def measure_shape(
     }
     for tiling in TILINGS:
         name = f"tiling {tiling.out}x{tiling.steps}x{tiling.channels} w{tiling.warps} s{tiling.stages}"
-        variants[name] = lambda tiling=tiling: triton_conv.conv_rows(
-            samples, tap_major, bias, dilation, streams, tiling
+        variants[name] = functools.partial(
+            triton_conv.conv_rows, samples, tap_major, bias, dilation, streams, tiling
         )
     row: dict[str, Any] = {"channels": channels, "samples": length, "dilation": dilation}
     for name, run in variants.items():

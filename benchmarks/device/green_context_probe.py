@@ -96,7 +96,7 @@ def main() -> int:
     contexts: dict[int, Any] = {}
     for sms in (16, 33, 66):
         try:
-            context = green_contexts.GreenContext.create(num_sms=sms, device_id=0)
+            context: Any = green_contexts.GreenContext.create(num_sms=sms, device_id=0)
             contexts[sms] = context
             result[f"matmul_ms_{sms}_sms"] = wall_ms(matmul, context.Stream())
         except Exception:  # a probe records what fails

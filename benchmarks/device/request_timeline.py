@@ -23,7 +23,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def timeline(path: Path) -> dict[str, Any]:
 
     def window_table(category: str, lo: float, hi: float, rows: int) -> list[list[Any]]:
         """[name, count, total us] of the window's events of one trace category, largest total first."""
-        total: Counter[str] = Counter()
+        total: defaultdict[str, float] = defaultdict(float)
         count: Counter[str] = Counter()
         for e in events:
             if (
@@ -103,7 +103,8 @@ def timeline(path: Path) -> dict[str, Any]:
             ):
                 total[e["name"][:70]] += float(e.get("dur", 0))
                 count[e["name"][:70]] += 1
-        return [[name, count[name], round(us, 1)] for name, us in total.most_common(rows)]
+        largest = sorted(total.items(), key=lambda item: -item[1])[:rows]
+        return [[name, count[name], round(us, 1)] for name, us in largest]
 
     return {
         "request_ms": ms(end - start),

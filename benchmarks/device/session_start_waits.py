@@ -47,12 +47,13 @@ def main() -> int:
     engine = VoiceDesignEngine.load(folder, device="cuda", dtype=torch.bfloat16, max_sessions=4)
     request = SynthesisRequest("A newcomer.", "A calm voice.", seed=3, max_frames=4)
     list(engine.synthesize(request))
-    assert engine.tokenizer is not None
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None
     probe("nothing", lambda: None)
     plan = probe(
         "build_prompt_plan",
         lambda: build_prompt_plan(
-            engine.tokenizer,
+            tokenizer,
             engine.config,
             request.text,
             request.voice_description,

@@ -24,7 +24,7 @@ while its sessions stay the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -479,7 +479,7 @@ class VoiceDesignEngine:
 
     def synthesize(
         self, request: SynthesisRequest, first_packet_frames: int = 1, packet_frames: int = 4
-    ) -> Iterator[AudioPacket]:
+    ) -> Generator[AudioPacket, None, None]:
         """Solo loop: packets of `first_packet_frames`, then up to `packet_frames` frames.
 
         A full packet is held back until the next frame result says whether it is the last one, so every

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.machinery
 import sys
 import types
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -112,7 +112,8 @@ def official_waveform(decoder: nn.Module, codes: Tensor) -> Tensor:
     The official forward clamps its output, so the last conv's output is captured with a hook.
     """
     captured: list[Tensor] = []
-    handle = decoder.decoder[-1].register_forward_hook(lambda _m, _i, out: captured.append(out))
+    final_conv = cast(nn.ModuleList, decoder.decoder)[-1]
+    handle = final_conv.register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
         with torch.no_grad():
             decoder(codes)

@@ -22,7 +22,7 @@ cross-backend figure the device acceptance measured).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -74,7 +74,7 @@ def _hook(records: Records, stage: str, take_input: bool = False) -> Callable[..
 
 @contextmanager
 def recording(
-    records: Records, models: list[tuple[str, nn.Module, nn.ModuleList, nn.Module]], official: bool
+    records: Records, models: Sequence[tuple[str, nn.Module, nn.ModuleList, nn.Module]], official: bool
 ) -> Iterator[None]:
     """Forward hooks on every stage of each (tag, model, layers, final norm); removed on exit."""
     handles = []

@@ -8,9 +8,12 @@ whole decode to float32 rounding, not bit for bit: the largest difference measur
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from official_codec import official_decoder, official_waveform, random_decoder_tensors
+from torch import nn
 
 from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig
 from qwen3_tts_native.engine.model.codec import SpeechDecoder
@@ -21,7 +24,7 @@ TOLERANCE = 1e-5  # a third of one PCM16 step; the official decoder's own prefix
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread() -> Iterator[None]:
     """Tiny shapes gain nothing from threads, and on a shared CPU the thread pools mostly contend."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -34,14 +37,14 @@ def _codes(batch: int, frames: int, seed: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def tiny_pair(tiny_voice_design_config: VoiceDesignConfig):
+def tiny_pair(tiny_voice_design_config: VoiceDesignConfig) -> tuple[nn.Module, SpeechDecoder]:
     config = tiny_voice_design_config.speech_decoder
     tensors = random_decoder_tensors(config, seed=7)
     return official_decoder(config, tensors), SpeechDecoder.from_tensors(config, tensors)
 
 
 @pytest.mark.parametrize("frames", [1, 7, 80, 320])
-def test_one_shot_matches_official(tiny_pair, frames: int) -> None:
+def test_one_shot_matches_official(tiny_pair: tuple[nn.Module, SpeechDecoder], frames: int) -> None:
     official, ours = tiny_pair
     codes = _codes(2, frames, seed=frames)
     expected = official_waveform(official, codes)
@@ -51,7 +54,7 @@ def test_one_shot_matches_official(tiny_pair, frames: int) -> None:
     assert (got - expected).abs().max().item() <= TOLERANCE
 
 
-def test_clamped_output_matches_official(tiny_pair) -> None:
+def test_clamped_output_matches_official(tiny_pair: tuple[nn.Module, SpeechDecoder]) -> None:
     official, ours = tiny_pair
     codes = _codes(1, 12, seed=3)
     with torch.no_grad():

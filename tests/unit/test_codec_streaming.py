@@ -26,6 +26,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -33,7 +34,13 @@ from torch import Tensor
 
 from qwen3_tts_native.engine.config import SpeechDecoderConfig, VoiceDesignConfig, parse_speech_decoder_config
 from qwen3_tts_native.engine.kernels import ops, reference
-from qwen3_tts_native.engine.model.codec import PASS_FRAMES, CodecStreamState, SpeechDecoder
+from qwen3_tts_native.engine.model.codec import (
+    PASS_FRAMES,
+    CodecStreamState,
+    DecoderBlock,
+    SnakeBeta,
+    SpeechDecoder,
+)
 from qwen3_tts_native.engine.runtime.codec_graphs import _gather
 from qwen3_tts_native.engine.snapshot import expected_speech_decoder_tensors
 
@@ -47,7 +54,7 @@ BF16_RELATIVE = 0.06  # bfloat16 streamed vs one-shot, relative L2 (measured 0.0
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread() -> Iterator[None]:
     """Tiny shapes gain nothing from threads, and on a shared CPU the thread pools mostly contend."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -395,7 +402,7 @@ def test_derived_tensors_follow_load_and_conversion(decoder32: SpeechDecoder, co
     frequencies, the mask values) is remade by `.to()` from the converted weights, exactly as a load of
     those weights makes it: a converted decoder decodes bit for bit like one loaded from its state dict."""
     converted = copy.deepcopy(decoder32).to(torch.bfloat16)
-    snake = converted.decoder[1].block[0]
+    snake = cast(SnakeBeta, cast(DecoderBlock, converted.decoder[1]).block[0])
     assert snake.frequency.dtype == torch.bfloat16
     assert torch.equal(snake.frequency, snake.alpha.exp())
     assert torch.equal(snake.inverse_beta, 1.0 / (snake.beta.exp() + 1e-9))

@@ -40,7 +40,7 @@ def stages() -> list[list[tuple[str, str]]]:
 
 def test_every_base_image_is_pinned_by_digest() -> None:
     global_args = dict(arg.split("=", 1) for kind, arg in stages()[0] if kind == "ARG" and "=" in arg)
-    names = set()
+    names: set[str] = set()
     for stage in stages()[1:]:
         image, *alias = stage[0][1].split(" AS ")
         names.update(a.strip() for a in alias)
@@ -163,7 +163,9 @@ class _SpeechHandler(_Handler):
             self._send("audio/wav", buffer.getvalue())
             return
         boundary = "qwen3tts-" + "0" * 32
-        parts = [("application/json", json.dumps({"type": "start"}).encode(), {})]
+        parts: list[tuple[str, bytes, dict[str, str]]] = [
+            ("application/json", json.dumps({"type": "start"}).encode(), {})
+        ]
         for sequence in range(2):
             final = str(sequence == 1).lower()
             headers = {"X-Sequence": str(sequence), "X-Sample-Count": "1920", "X-Final": final}

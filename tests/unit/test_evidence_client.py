@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from qwen3_tts_native.evidence.workload import parse_workload
 
 
 @pytest.fixture(scope="module")
-def server():
+def server() -> Iterator[FakeServer]:
     with FakeServer() as fake:
         yield fake
 
@@ -37,7 +38,7 @@ def _run(
     requests: int = 3,
     warmups: int = 0,
     texts: list[str] | None = None,
-    **adapter: str,
+    response: str | None = None,
 ) -> tuple[list[dict], list[dict], PhaseClock]:
     data = workload_lines()
     if texts:
@@ -48,7 +49,7 @@ def _run(
     spec = RunSpec(
         engine_id="e",
         base_url=server.url,
-        adapter=make_adapter(api, **adapter),
+        adapter=make_adapter(api, response=response),
         profile=Profile.parse(profile),
         round=1,
         warmups=warmups,
@@ -93,16 +94,16 @@ def test_native_records(server: FakeServer, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("api", "adapter", "kind"),
+    ("api", "response", "kind"),
     [
-        ("openai", {"response": "pcm"}, "raw_pcm_transport_arrival"),
-        ("openai", {"response": "sse"}, "sse_audio_delta"),
-        ("openai", {"response": "wav"}, "wav_data_arrival"),
-        ("wav", {}, "wav_data_arrival"),
+        ("openai", "pcm", "raw_pcm_transport_arrival"),
+        ("openai", "sse", "sse_audio_delta"),
+        ("openai", "wav", "wav_data_arrival"),
+        ("wav", None, "wav_data_arrival"),
     ],
 )
-def test_peer_apis(server: FakeServer, tmp_path: Path, api: str, adapter: dict[str, str], kind: str) -> None:
-    requests, packets, _ = _run(server, tmp_path, api=api, requests=2, **adapter)
+def test_peer_apis(server: FakeServer, tmp_path: Path, api: str, response: str | None, kind: str) -> None:
+    requests, packets, _ = _run(server, tmp_path, api=api, requests=2, response=response)
     assert all(r["success"] for r in requests), requests
     assert {p["kind"] for p in packets} == {kind}
     for record in requests:

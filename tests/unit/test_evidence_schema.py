@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jsonschema.protocols import Validator
 
 from qwen3_tts_native.evidence.validate import load_schema, record_validator
 
@@ -325,14 +326,14 @@ INVALID = {
 
 
 @pytest.mark.parametrize("name", list(valid_documents()))
-def test_valid_documents_are_accepted_by_both(name: str, reference, ours) -> None:
+def test_valid_documents_are_accepted_by_both(name: str, reference: Validator, ours: Validator) -> None:
     document = valid_documents()[name]
     assert list(reference.iter_errors(document)) == []
     assert list(ours.iter_errors(document)) == []
 
 
 @pytest.mark.parametrize("name", list(INVALID))
-def test_invalid_documents_are_rejected_by_both(name: str, reference, ours) -> None:
+def test_invalid_documents_are_rejected_by_both(name: str, reference: Validator, ours: Validator) -> None:
     base, mutate = INVALID[name]
     document = copy.deepcopy(valid_documents()[base])
     mutate(document)
@@ -350,7 +351,7 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]
             yield from _paths(child, (*prefix, index))
 
 
-VALUES = st.one_of(
+VALUES: st.SearchStrategy[Any] = st.one_of(
     st.sampled_from(
         [
             None,
@@ -434,7 +435,9 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document=mutated())
-def test_random_mutations_get_the_same_verdict(document: dict[str, Any], reference, ours) -> None:
+def test_random_mutations_get_the_same_verdict(
+    document: dict[str, Any], reference: Validator, ours: Validator
+) -> None:
     assert reference.is_valid(document) == ours.is_valid(document)
 
 
@@ -475,7 +478,7 @@ def measurement_records(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=300, deadline=None)
 @given(record=measurement_records())
-def test_legacy_record_contracts_agree(record: dict[str, Any], reference) -> None:
+def test_legacy_record_contracts_agree(record: dict[str, Any], reference: Validator) -> None:
     theirs = record_validator(reference.schema, "measurement_record")
     mine = record_validator(load_schema("evidence.schema.v1.json"), "legacyMeasurementRecord")
     assert theirs.is_valid(record) == mine.is_valid(record)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 
 import pytest
 from evidence_fakes import multipart_parts, pcm_for, wav_bytes
@@ -81,7 +82,7 @@ def test_multipart_first_audio_time_is_first_payload_byte() -> None:
         ),
     ],
 )
-def test_multipart_violations(mutate, code: str) -> None:
+def test_multipart_violations(mutate: Callable[[list[bytes]], list[bytes]], code: str) -> None:
     _, chunks = multipart_parts(REQUEST_ID, 3, frames=9)
     with pytest.raises(WireError) as info:
         _decode_multipart(b"".join(mutate(chunks)), 64)

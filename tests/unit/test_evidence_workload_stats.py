@@ -25,7 +25,7 @@ HTTP_WORKLOAD = SHARED / "reference/corpora/http-workload-10.jsonl"
 
 
 def _row(**fields: object) -> bytes:
-    base = {"id": "r1", "text": "Hello.", "voice_description": "calm"}
+    base: dict[str, object] = {"id": "r1", "text": "Hello.", "voice_description": "calm"}
     base.update(fields)
     return (json.dumps(base) + "\n").encode()
 

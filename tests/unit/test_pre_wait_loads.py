@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from script_modules import BENCHMARKS, load_script
@@ -16,7 +17,7 @@ from script_modules import BENCHMARKS, load_script
 SCRIPT = BENCHMARKS / "device" / "pre_wait_loads.py"
 
 TOOL = load_script(SCRIPT)
-KernelLoads = TOOL.KernelLoads
+LoadsBySource = dict[str, dict[str, Any]]  # source -> kernel -> the script's KernelLoads (loaded at run time)
 TOOLS = TOOL.sass_tools_folder()
 
 pytestmark = pytest.mark.skipif(
@@ -44,7 +45,7 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, KernelLoads]]:
+def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> LoadsBySource:
     folder = tmp_path_factory.mktemp("cubins")
     sources = sorted({source for source, _ in EXPECTED} | {"sampling"})
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -53,9 +54,7 @@ def loads_by_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[
 
 
 @pytest.mark.parametrize(("source", "pattern"), list(EXPECTED), ids=[p for _, p in EXPECTED])
-def test_constants_load_before_the_wait(
-    loads_by_source: dict[str, dict[str, KernelLoads]], source: str, pattern: str
-) -> None:
+def test_constants_load_before_the_wait(loads_by_source: LoadsBySource, source: str, pattern: str) -> None:
     instances = {name: counts for name, counts in loads_by_source[source].items() if re.search(pattern, name)}
     assert instances, f"no kernel of {source}.cu matches {pattern}"
     fewest = EXPECTED[(source, pattern)]
@@ -64,7 +63,7 @@ def test_constants_load_before_the_wait(
 
 
 def test_the_sampler_loads_only_the_embedding_row_after_its_draw(
-    loads_by_source: dict[str, dict[str, KernelLoads]],
+    loads_by_source: LoadsBySource,
 ) -> None:
     """The draw's parameters, the record's slot and the frame's other codes load with the scores: after the
     store of `chosen`, which the compiler must assume may alias them, each would be one more round trip."""
@@ -77,7 +76,7 @@ def test_the_sampler_loads_only_the_embedding_row_after_its_draw(
 
 
 def test_the_frame_embedding_copies_every_row_at_once(
-    loads_by_source: dict[str, dict[str, KernelLoads]],
+    loads_by_source: LoadsBySource,
 ) -> None:
     """The talker's input row: its 16 codebooks' table rows and its text row go out as asynchronous copies
     together, after the codes; as register loads ptxas issued them one after another (one L2 round trip a
@@ -90,7 +89,7 @@ def test_the_frame_embedding_copies_every_row_at_once(
 
 
 def test_the_split_sums_norm_loads_the_residual_with_the_partial_sums(
-    loads_by_source: dict[str, dict[str, KernelLoads]],
+    loads_by_source: LoadsBySource,
 ) -> None:
     """The add-RMSNorm of a product's split sums (every 33-64-row frame's two norms a layer): its 4 splits'
     partial sums (8 vectors) and the residual row go out before any is added; the residual loaded after the

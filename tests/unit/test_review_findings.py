@@ -166,7 +166,7 @@ def test_engine_failures_in_the_worker_are_logged_with_their_traceback(
     finally:
         scheduler.close(10)
     assert isinstance(events[-1], Failed) and events[-1].code == "internal_error"
-    logged = [r for r in caplog.records if r.exc_info is not None]
+    logged = [r.exc_info for r in caplog.records if r.exc_info is not None]
     assert logged, "the engine exception was swallowed without a log record"
-    assert "kernel exploded at frame 1" in str(logged[0].exc_info[1])
+    assert "kernel exploded at frame 1" in str(logged[0][1])
     assert engine.free_slots == engine.max_sessions

@@ -7,12 +7,14 @@ import datetime as dt
 import json
 from email.message import Message
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from qwen3_tts_native.cli import main
 from qwen3_tts_native.release.model_pin import shipped_pin
 from qwen3_tts_native.release.sbom import (
+    PythonDistribution,
     SbomError,
     build_sbom,
     declared_license,
@@ -27,16 +29,18 @@ EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")
-def distributions():
+def distributions() -> list[PythonDistribution]:
     return installed_distributions()
 
 
 @pytest.fixture(scope="module")
-def document(distributions):
+def document(distributions: list[PythonDistribution]) -> dict[str, Any]:
     return build_sbom(distributions, shipped_pin(), timestamp=EPOCH)
 
 
-def test_document_passes_the_strict_validator_and_names_every_distribution(distributions, document) -> None:
+def test_document_passes_the_strict_validator_and_names_every_distribution(
+    distributions: list[PythonDistribution], document: dict[str, Any]
+) -> None:
     assert document["specVersion"] == "1.6"
     assert validate_cyclonedx(document) == []
     assert document["metadata"]["component"]["name"] == "qwen3-tts-native"
@@ -46,7 +50,7 @@ def test_document_passes_the_strict_validator_and_names_every_distribution(distr
             assert f"pkg:pypi/{dist.key}@{dist.version}".replace("+", "%2B") in purls
 
 
-def test_model_component_carries_files_hashes_and_model_card(document) -> None:
+def test_model_component_carries_files_hashes_and_model_card(document: dict[str, Any]) -> None:
     pin = shipped_pin()
     (model,) = [c for c in document["components"] if c["type"] == "machine-learning-model"]
     identity = (model["group"], model["name"], model["version"])
@@ -65,7 +69,7 @@ def test_model_component_carries_files_hashes_and_model_card(document) -> None:
     assert model["bom-ref"] in root_deps["dependsOn"]
 
 
-def test_validator_rejects_what_the_schema_does_not_allow(document) -> None:
+def test_validator_rejects_what_the_schema_does_not_allow(document: dict[str, Any]) -> None:
     broken = copy.deepcopy(document)
     broken["components"][0]["type"] = "wheel"
     assert validate_cyclonedx(broken)
@@ -74,7 +78,9 @@ def test_validator_rejects_what_the_schema_does_not_allow(document) -> None:
     assert validate_cyclonedx(broken)
 
 
-def test_build_is_deterministic_for_a_fixed_timestamp(distributions, document) -> None:
+def test_build_is_deterministic_for_a_fixed_timestamp(
+    distributions: list[PythonDistribution], document: dict[str, Any]
+) -> None:
     again = build_sbom(distributions, shipped_pin(), timestamp=EPOCH)
     assert json.dumps(again, sort_keys=True) == json.dumps(document, sort_keys=True)
 
@@ -98,7 +104,7 @@ def test_licence_sources_in_order_of_preference() -> None:
     assert declared_license(meta(License="line one\nline two")).source == "none"
 
 
-def test_runtime_closure_excludes_development_tools(distributions) -> None:
+def test_runtime_closure_excludes_development_tools(distributions: list[PythonDistribution]) -> None:
     keys = {dist.key for dist in requirement_closure(distributions)}
     assert {"qwen3-tts-native", "torch", "fastapi", "jsonschema"} <= keys
     assert not keys & {"pytest", "ruff", "mypy", "sigstore"}
@@ -114,7 +120,7 @@ def test_cli_writes_a_valid_sbom(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["release", "sbom", "--model-manifest", str(tmp_path / "none.json"), "-o", str(out)]) == 2
 
 
-SPDX = {
+SPDX: dict[str, Any] = {
     "spdxVersion": "SPDX-2.3",
     "dataLicense": "CC0-1.0",
     "SPDXID": "SPDXRef-DOCUMENT",

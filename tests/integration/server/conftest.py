@@ -39,7 +39,7 @@ def offline_pcm(reference_engine: VoiceDesignEngine) -> OfflinePcm:
 
 
 def _server(model: Path, tmp: pytest.TempPathFactory, **options: str) -> Iterator[ServerProcess]:
-    server = ServerProcess.launch(model, tmp.mktemp("server"), **options)
+    server = ServerProcess.launch(model, tmp.mktemp("server"), None, **options)
     try:
         yield server
     finally:
