@@ -8,21 +8,7 @@
 # fp8down's product device tests, ROUNDS rounds of frames (default 1) and, if time is left, its graph parity.
 # ~450 s warm (fp8down's extension builds; fp8all's is cached from `fp8_gate_up_ab.sh`), ~560 s fresh. Figures:
 # ab_trees.log, ab-results.tgz.
-S=$(date +%s)
-left() { echo $(( ${TOTAL:-570} - ($(date +%s) - S) )); }
-make_tree() {  # name, patches (applied in order)
-  local T=.whl/tree-$1 name=$1 patch
-  shift
-  rm -rf "$T" && mkdir -p "$T" && cp -rL pyproject.toml qwen3_tts_native tests benchmarks "$T"/ \
-    && ln -s qwen3_tts_native/engine "$T/engine" || return
-  for patch in "$@"; do
-    (cd "$T" && patch -s -p1 < "$OLDPWD/benchmarks/device/pending/$patch") || return
-  done
-  echo "tree $name made"
-  ( cd "$T" && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-$name MAX_JOBS=4 PYTHONPATH=$PWD:/tmp/site_common \
-      timeout 250 python3 -m qwen3_tts_native.engine.kernels build > "/tmp/q3tts-build-$name.log" 2>&1
-    echo "tree $name build rc=$?" ) &
-}
+. benchmarks/device/pending/trees.sh
 make_tree fp8all fp8-gate-up.patch fp8-qkv.patch
 make_tree fp8down fp8-gate-up.patch fp8-qkv.patch fp8-down.patch
 if [ ! -d /tmp/q3tts/full ]; then

@@ -4,8 +4,7 @@
 # of it (the chain's cost), now that the profiler's per-kernel times include each kernel's dependent-launch
 # wait. Makes the snapshot where run_all.sh has not. ~450 s on a fresh machine. Figures: ncu/ncu-fast-b64.txt
 # (and the .csv.gz).
-S=$(date +%s)
-left() { echo $(( ${TOTAL:-570} - ($(date +%s) - S) )); }
+. benchmarks/device/pending/trees.sh
 if [ ! -d /tmp/q3tts/full ]; then
   PHASES="setup build snapshot" BUDGET_S=250 MAX_JOBS=16 COMMIT=pending bash benchmarks/device/run_all.sh 2>&1 | tail -4
 fi

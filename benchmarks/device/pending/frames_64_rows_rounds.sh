@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ~330 s (warm after another call): a second (and third) round of session 41's 64-row cost,
 # the checkout against af25462 (tree base), frames only, the rounds interleaved.
-S=$(date +%s)
-left() { echo $(( ${TOTAL:-330} - ($(date +%s) - S) )); }
+TOTAL=${TOTAL:-330}
+. benchmarks/device/pending/trees.sh
 if [ ! -d /tmp/q3tts/full ]; then
   ( cd .whl/tree-base && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-base MAX_JOBS=6 PYTHONPATH=$PWD:/tmp/site_common \
       timeout 150 python3 -m qwen3_tts_native.engine.kernels build > /tmp/q3tts-build-base.log 2>&1; echo "tree base build rc=$?" ) &
