@@ -14,13 +14,4 @@ make_tree fp8down fp8-gate-up.patch fp8-qkv.patch fp8-down.patch
 if [ ! -d /tmp/q3tts/full ]; then
   PHASES="setup build snapshot" BUDGET_S=250 MAX_JOBS=8 COMMIT=pending bash benchmarks/device/run_all.sh 2>&1 | tail -6
 fi
-wait
-echo "=== fp8down's product and norm tests ($(left)s left)"
-( cd .whl/tree-fp8down && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-fp8down PYTHONPATH=$PWD:/tmp/site_common timeout 120 \
-    python3 -m pytest -q tests/device/test_triton_products.py tests/device/test_dependent_launch.py \
-    -p no:cacheprovider 2>&1 | tail -8 )
-echo "=== ab ($(left)s left)"
-PARITY=""; (( $(left) > 340 )) && PARITY=fp8down
-TREES="fp8all fp8down" TEST_TREES="" PARITY_TREES="$PARITY" ROUNDS=${ROUNDS:-1} BUDGET_S=$(( $(left) - 5 )) \
-  bash benchmarks/device/ab_trees.sh 2>&1 | grep -E "^(===|\w+[0-9]? (exact|fast) |[0-9]+ (passed|failed)|FAILED)" \
-  | cut -c1-400
+products_ab fp8all fp8down
