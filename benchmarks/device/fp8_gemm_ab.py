@@ -42,7 +42,7 @@ def variant_mode(name: str) -> Mode:
     if name == "exact":
         return EXACT
     if name == "int8":
-        return replace(FAST, weights="int8", fp8_gemm_min_rows=None)
+        return replace(FAST, weights="int8", fp8_gemm_min_rows=None, triton_fp8_rows=False)
     if name == "fp8":
         return replace(FAST, fp8_gemm_min_rows=None)
     if name.startswith("fp8-gemm"):

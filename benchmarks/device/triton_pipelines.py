@@ -129,10 +129,13 @@ def product_launch(
     sizes: tuple[str, ...],
     weights: int,
     options: dict[str, int | bool] | None = None,
+    codes: bool = False,
 ) -> KernelLaunch:
     """A `triton_products` kernel at its launch constants: weight pointer, activation pointer, output pointer
     `out` (name, type), int `sizes` (all but the first, the row count, multiples of 16 at the engine's
-    shapes), `weights` weight tiles a step, the kernel's own constexpr `options`."""
+    shapes), `weights` weight tiles a step, the kernel's own constexpr `options`; `codes`: both operands
+    e4m3 (the scales' pointers float32)."""
+    element, element_bytes = ("fp8e4nv", 1) if codes else ("bf16", BF16_BYTES)
     weight_rows = triton_products.BLOCK_WEIGHT_ROWS
     activation_rows = triton_products.BLOCK_ACTIVATION_ROWS
     constants = {
@@ -142,27 +145,30 @@ def product_launch(
         **(options or {}),
         "DEPENDENT": True,
     }
+    types = {
+        "w_ptr": f"*{element}",
+        "x_ptr": f"*{element}",
+        "w_scale_ptr": "*fp32",
+        "x_scale_ptr": "*fp32",
+        out[0]: out[1],
+        **dict.fromkeys(sizes, "i32"),
+        **dict.fromkeys(constants, "constexpr"),
+    }
     return KernelLaunch(
         name=name,
         kernel=kernel,
-        signature={
-            "w_ptr": "*bf16",
-            "x_ptr": "*bf16",
-            out[0]: out[1],
-            **dict.fromkeys(sizes, "i32"),
-            **dict.fromkeys(constants, "constexpr"),
-        },
+        signature={arg: types[arg] for arg in kernel.arg_names},
         constants=constants,
         aligned=("w_ptr", "x_ptr", out[0], *sizes[1:]),
         warps=4,
         stages=triton_products.STAGES,
-        step_bytes=(weights * weight_rows + activation_rows) * triton_products.BLOCK_K * BF16_BYTES,
+        step_bytes=(weights * weight_rows + activation_rows) * triton_products.BLOCK_K * element_bytes,
     )
 
 
 def product_launches() -> list[KernelLaunch]:
     """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step) and product kernels, the product
-    rounded (one split) and as split sums."""
+    rounded (one split) and as split sums; the SwiGLU and the rounded product also on e4m3 codes."""
     return [
         product_launch(
             "triton_products swiglu",
@@ -170,6 +176,16 @@ def product_launches() -> list[KernelLaunch]:
             ("out_ptr", "*bf16"),
             ("rows", "width", "k"),
             2,
+            {"CODES": False},
+        ),
+        product_launch(
+            "triton_products fp8 swiglu",
+            triton_products._swiglu_kernel,
+            ("out_ptr", "*bf16"),
+            ("rows", "width", "k"),
+            2,
+            {"CODES": True},
+            codes=True,
         ),
         product_launch(
             "triton_products product",
@@ -177,7 +193,16 @@ def product_launches() -> list[KernelLaunch]:
             ("out_ptr", "*bf16"),
             ("rows", "m_out", "k", "k_split"),
             1,
-            {"ROUNDED": True},
+            {"ROUNDED": True, "CODES": False},
+        ),
+        product_launch(
+            "triton_products fp8 product",
+            triton_products._product_kernel,
+            ("out_ptr", "*bf16"),
+            ("rows", "m_out", "k", "k_split"),
+            1,
+            {"ROUNDED": True, "CODES": True},
+            codes=True,
         ),
         product_launch(
             "triton_products split sums",
@@ -185,7 +210,7 @@ def product_launches() -> list[KernelLaunch]:
             ("out_ptr", "*fp32"),
             ("rows", "m_out", "k", "k_split"),
             1,
-            {"ROUNDED": False},
+            {"ROUNDED": False, "CODES": False},
         ),
     ]
 

@@ -152,6 +152,19 @@ SPLIT_SUMS_SPLITS = 4
 """The split count the add-RMSNorm kernel adds (norm.cu's kSplitSums: triton_products.DOWN_SPLITS)."""
 
 
+def _split_sums_kernel_takes(sums: SplitSums, residual_rows: Tensor) -> bool:
+    """Whether norm.cu's split-sums form takes these operands (else the sums are `added` first)."""
+    partials = sums.partials
+    return (
+        residual_rows.shape[0] == sums.rows
+        and partials.is_cuda
+        and partials.dtype == torch.float32
+        and partials.is_contiguous()
+        and partials.shape[0] == SPLIT_SUMS_SPLITS
+        and residual_rows.shape[-1] % 8 == 0
+    )
+
+
 def _add_split_sums_rms_norm_(
     sums: SplitSums, residual: Tensor, weight: Tensor, eps: float, out: Tensor | None
 ) -> Tensor:
@@ -159,19 +172,15 @@ def _add_split_sums_rms_norm_(
     before the norm's (run 153: 98 reduce kernels of 1.5 us a 64-row frame)."""
     ext = _ext(residual, weight)
     res = _rows(residual) if ext is not None else None
-    partials = sums.partials
     if (
         ext is None
         or res is None
-        or res.shape[0] != sums.rows
-        or not (partials.is_cuda and partials.dtype == torch.float32 and partials.is_contiguous())
-        or partials.shape[0] != SPLIT_SUMS_SPLITS
-        or residual.shape[-1] % 8
+        or not _split_sums_kernel_takes(sums, res)
         or not (out is None or _unit_rows(out))
     ):
         return add_rms_norm_(added(sums), residual, weight, eps, out)
     target = torch.empty(res.shape, dtype=residual.dtype, device=residual.device) if out is None else out
-    ext.rms_norm_split_sums(target, partials, res, weight, eps)
+    ext.rms_norm_split_sums(target, None, sums.partials, res, weight, eps)
     return target.view(residual.shape) if out is None else out
 
 
@@ -214,9 +223,19 @@ def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
     return out
 
 
-def add_rms_norm_fp8_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
+def add_rms_norm_fp8_(x: Tensor | SplitSums, residual: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
     """`add_rms_norm_` (residual <- residual + x in place) with the norm quantized per row for `fp8_linear`,
-    in one kernel. Kernel tolerance: bit-identical to `quantize_rows_fp8(add_rms_norm_(...))`."""
+    in one kernel; x may be a product's unadded split sums, added by that kernel as `added` would add them.
+    Kernel tolerance: bit-identical to `quantize_rows_fp8(add_rms_norm_(...))`."""
+    if isinstance(x, SplitSums):
+        ext = _ext(residual, weight)
+        res = _rows(residual) if ext is not None else None
+        held = residual.dim() == 2 and _held_row(residual)
+        if ext is None or res is None or not held or not _split_sums_kernel_takes(x, res):
+            return add_rms_norm_fp8_(added(x), residual, weight, eps)
+        out = _empty_rows_fp8(res)
+        ext.rms_norm_split_sums(out.codes, out.scale, x.partials, res, weight, eps)
+        return out
     ext = _ext(x, residual, weight)
     rows, res = (_rows(x), _rows(residual)) if ext is not None else (None, None)
     if (
@@ -948,6 +967,30 @@ def triton_linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
     if not triton_linear_suits(x, gate_up, swiglu=True):
         return reference.linear_swiglu(x, gate_up)
     return triton_products.linear_swiglu(x, gate_up, dependent_launch())
+
+
+def triton_fp8_linear_suits(x: QuantizedRows, weight: QuantizedWeight, swiglu: bool = False) -> bool:
+    """Whether `triton_fp8_linear` (with `swiglu`, `triton_fp8_linear_swiglu`) runs these operands on its
+    Triton kernel: `triton_linear_suits`' conditions for e4m3 rows and an e4m3 weight."""
+    return triton_products is not None and triton_products.suits_fp8(x, weight, swiglu)
+
+
+def triton_fp8_linear(x: QuantizedRows, weight: QuantizedWeight) -> Tensor:
+    """`fp8_linear` of up to 128 e4m3 rows (`rms_norm_fp8`'s) and fast mode's e4m3 weight in one Triton
+    kernel that multiplies both as codes (the qkv products). Kernel tolerance vs `reference.fp8_linear`:
+    `triton_linear`'s."""
+    if not triton_fp8_linear_suits(x, weight):
+        return reference.fp8_linear(x, weight)
+    return triton_products.fp8_linear(x, weight, dependent_launch())
+
+
+def triton_fp8_linear_swiglu(x: QuantizedRows, gate_up: QuantizedWeight) -> Tensor:
+    """`linear_swiglu` of e4m3 rows (`rms_norm_fp8`'s) and fast mode's e4m3 [gate; up], up to 128 rows in one
+    Triton kernel that multiplies both as codes. Kernel tolerance vs `reference.fp8_linear_swiglu`:
+    `triton_linear_swiglu`'s (the fp32 sums of the same code products in another order)."""
+    if not triton_fp8_linear_suits(x, gate_up, swiglu=True):
+        return reference.fp8_linear_swiglu(x, gate_up)
+    return triton_products.fp8_linear_swiglu(x, gate_up, dependent_launch())
 
 
 @lru_cache(maxsize=8)

@@ -124,6 +124,14 @@ def add_rms_norm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Te
     return layers.rms_norm(residual, weight, eps)
 
 
+def fp8_linear_swiglu(x: QuantizedRows, gate_up: QuantizedWeight) -> Tensor:
+    """SiLU(gate) * up of `fp8_linear` with the fused e4m3 weight [gate; up]: the products rounded to bf16,
+    then `silu_mul`'s roundings."""
+    product = fp8_linear(x, gate_up)
+    width = product.shape[-1] // 2
+    return silu_mul(product[..., :width], product[..., width:])
+
+
 def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> QuantizedRows:
     """rms_norm(x) quantized per row, x [M, H]."""
     return quantize_rows_fp8(rms_norm(x, weight, eps))

@@ -32,8 +32,17 @@ mode, the 64-stream lockstep's aggregate RTF 0.00305 -> 0.00298 (exact), 0.00152
 sides in every layer. The heads on the split products and reduce kernel gained nothing there (4.74 -> 4.71 /
 4.74 ms); as the one kernel they did, as did the 128-row tiles that took the predictor's first step at 64
 streams off cuBLAS and `silu_mul` (benchmarks/results/2026-12-07-run170, an H100, two rounds: 64-row frames
--0.4 to -1.0% each, fast's 64-stream lockstep aggregate -1 to -2% with the heads). Only imported where Triton
-is (ops.py guards it); the torch references are `reference.linear` and `reference.linear_swiglu`.
+-0.4 to -1.0% each, fast's 64-stream lockstep aggregate -1 to -2% with the heads).
+
+In fast mode the qkv and gate/up kernels take e4m3 codes on both sides (`CODES`: the fp8 weights, and rows
+the RMSNorm kernel before them quantized a scale a row), the wgmma on e4m3, each product scaled by its row's
+and weight row's scales before the roundings: the fast 64-row frame 4.52-4.54 -> 4.15-4.16 ms, the 64-stream
+lockstep aggregate -5% (benchmarks/results/2026-12-07-run172, -run173, an H100). Hopper's e4m3 wgmma sums
+with less than float32's precision and Triton does not promote its sums on sm_90 unless asked: 2.4-3.0e-3
+relative L2 to the float32 sums of the same codes, twenty times below the e4m3 quantization's own error
+(run175); promoting every 128 columns cost 0.07 ms of the frame (run174). Only imported where Triton is
+(ops.py guards it); the torch references are `reference.linear`, `reference.linear_swiglu`,
+`reference.fp8_linear` and `reference.fp8_linear_swiglu`.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .reference import QuantizedRows, QuantizedWeight
 from .triton_dependent import begin_dependent_kernel
 
 BLOCK_WEIGHT_ROWS = 64
@@ -70,6 +80,8 @@ def _bf16(x):  # type: ignore[no-untyped-def]
 def _swiglu_kernel(  # type: ignore[no-untyped-def]
     w_ptr,
     x_ptr,
+    w_scale_ptr,
+    x_scale_ptr,
     out_ptr,
     rows,
     width,
@@ -77,10 +89,13 @@ def _swiglu_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    CODES: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
     """out [rows, width] = silu(x @ gate^T) * (x @ up^T) for w = [gate; up] [2 * width, k]: a block's gate
-    rows and the up rows `width` further, against the activation rows of its tile (program 1)."""
+    rows and the up rows `width` further, against the activation rows of its tile (program 1). CODES: w and x
+    are e4m3 codes, the wgmma takes both as they are, and each product is scaled by its activation row's
+    scale, then its weight row's (`reference.fp8_linear`'s order) before the roundings."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     begin_dependent_kernel(DEPENDENT)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,6 +111,10 @@ def _swiglu_kernel(  # type: ignore[no-untyped-def]
         up = tl.dot(tl.load(gate_ptrs + width * k), x, up)
         gate_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    if CODES:
+        x_scale = tl.load(x_scale_ptr + offs_n, mask=offs_n < rows, other=0.0)[None, :]
+        gate = gate * x_scale * tl.load(w_scale_ptr + offs_m)[:, None]
+        up = up * x_scale * tl.load(w_scale_ptr + width + offs_m)[:, None]
     gate = _bf16(gate)
     silu = _bf16(gate / (1.0 + tl.exp(-gate)))
     out = _to_bf16(silu * _bf16(up))
@@ -106,6 +125,8 @@ def _swiglu_kernel(  # type: ignore[no-untyped-def]
 def _product_kernel(  # type: ignore[no-untyped-def]
     w_ptr,
     x_ptr,
+    w_scale_ptr,
+    x_scale_ptr,
     out_ptr,
     rows,
     m_out,
@@ -115,11 +136,13 @@ def _product_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ROUNDED: tl.constexpr,
+    CODES: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
     """The block's weight rows against its tile's activation rows (program 2) over k [split * k_split,
     + k_split), split = program 1: float32 partial sums out [split, BLOCK_N * row tiles, m_out], or with
-    ROUNDED (one split over all of k) the product out [rows, m_out] rounded once to bf16."""
+    ROUNDED (one split over all of k) the product out [rows, m_out] rounded once to bf16. CODES (ROUNDED
+    only): w and x are e4m3 codes, the product scaled as `_swiglu_kernel`'s."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
     begin_dependent_kernel(DEPENDENT)
@@ -135,6 +158,9 @@ def _product_kernel(  # type: ignore[no-untyped-def]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out_ptrs = out_ptr + (split * padded_rows + offs_n[None, :]) * m_out + offs_m[:, None]
+    if CODES:
+        x_scale = tl.load(x_scale_ptr + offs_n, mask=offs_n < rows, other=0.0)[None, :]
+        acc = acc * x_scale * tl.load(w_scale_ptr + offs_m)[:, None]
     if ROUNDED:
         tl.store(out_ptrs, _to_bf16(acc), mask=row_mask)
     else:
@@ -166,9 +192,23 @@ def suits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
     """Whether the kernels take these operands: a Hopper (or later) GPU, bf16 x [1..128, k] and weight [m, k],
     both contiguous, k a multiple of the blocks' k (times `DOWN_SPLITS` for a plain product) and m of 64
     weight rows (of 128 for [gate; up])."""
-    if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype == torch.bfloat16):
+    return x.dtype == weight.dtype == torch.bfloat16 and _fits(x, weight, swiglu)
+
+
+def suits_fp8(x: QuantizedRows, weight: QuantizedWeight, swiglu: bool) -> bool:
+    """`suits` for `fp8_linear` (`fp8_linear_swiglu`): e4m3 codes on both sides, float32 scales."""
+    codes, data = x.codes, weight.data
+    scales = (x.scale, weight.scale)
+    e4m3 = codes.dtype == data.dtype == torch.float8_e4m3fn
+    scaled = all(s.dtype == torch.float32 and s.is_contiguous() for s in scales)
+    return e4m3 and scaled and _fits(codes, data, swiglu)
+
+
+def _fits(x: Tensor, weight: Tensor, swiglu: bool) -> bool:
+    """The shapes, layouts and device the kernels take (`suits`)."""
+    if not (x.is_cuda and weight.is_cuda) or x.dim() != 2 or weight.dim() != 2:
         return False
-    if x.dim() != 2 or weight.dim() != 2 or not (x.is_contiguous() and weight.is_contiguous()):
+    if not (x.is_contiguous() and weight.is_contiguous()):
         return False
     if torch.cuda.get_device_capability(x.device)[0] < 9:
         return False
@@ -188,12 +228,27 @@ def row_tiles(rows: int) -> int:
 def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor:
     """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up]: [rows, m / 2], one kernel. `dependent`: launch
     it with programmatic dependent launch (triton_dependent)."""
+    return _swiglu(x, gate_up, None, dependent)
+
+
+def fp8_linear_swiglu(x: QuantizedRows, gate_up: QuantizedWeight, dependent: bool = False) -> Tensor:
+    """`linear_swiglu` of e4m3 rows and an e4m3 [gate; up] (fast mode's weights), both multiplied as codes:
+    half the bytes of bf16 operands and nothing widened (run 171: the talker's 64-row gate/up 20.72 -> 12.44
+    us, H100). bf16 [rows, m / 2]."""
+    return _swiglu(x.codes, gate_up.data, (x.scale, gate_up.scale), dependent)
+
+
+def _swiglu(x: Tensor, gate_up: Tensor, scales: tuple[Tensor, Tensor] | None, dependent: bool) -> Tensor:
+    """`_swiglu_kernel` over bf16 operands, or e4m3 codes with their (row, weight row) `scales`."""
     rows, k = x.shape
     width = gate_up.shape[0] // 2
-    out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
+    out = torch.empty(rows, width, device=x.device, dtype=torch.bfloat16)
+    x_scale, w_scale = scales if scales is not None else (out, out)
     _swiglu_kernel[(width // BLOCK_WEIGHT_ROWS, row_tiles(rows))](
         gate_up,
         x,
+        w_scale,
+        x_scale,
         out,
         rows,
         width,
@@ -201,6 +256,7 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, dependent: bool = False) -> Tensor
         BLOCK_M=BLOCK_WEIGHT_ROWS,
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,
+        CODES=scales is not None,
         DEPENDENT=dependent,
         num_warps=4,
         num_stages=STAGES,
@@ -215,6 +271,14 @@ def linear(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
     return _product(x, weight, out, splits=1, dependent=dependent)
 
 
+def fp8_linear(x: QuantizedRows, weight: QuantizedWeight, dependent: bool = False) -> Tensor:
+    """`linear` of e4m3 rows and an e4m3 weight multiplied as codes (as `fp8_linear_swiglu` multiplies
+    them): bf16 [rows, m]."""
+    codes = x.codes
+    out = torch.empty(codes.shape[0], weight.shape[0], device=codes.device, dtype=torch.bfloat16)
+    return _product(codes, weight.data, out, splits=1, dependent=dependent, scales=(x.scale, weight.scale))
+
+
 def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
     """The float32 partial sums of x @ weight^T, [DOWN_SPLITS, rows rounded up to 64, m]: split s over k
     [s k / DOWN_SPLITS, + k / DOWN_SPLITS), row r of x at [s, r]; rows past x's are left unwritten."""
@@ -223,14 +287,24 @@ def split_sums(x: Tensor, weight: Tensor, dependent: bool = False) -> Tensor:
     return _product(x, weight, partial, splits=DOWN_SPLITS, dependent=dependent)
 
 
-def _product(x: Tensor, weight: Tensor, out: Tensor, splits: int, dependent: bool) -> Tensor:
+def _product(
+    x: Tensor,
+    weight: Tensor,
+    out: Tensor,
+    splits: int,
+    dependent: bool,
+    scales: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """`_product_kernel` into `out`: k over `splits` blocks, their float32 sums, or with one split the product
-    rounded to `out`'s bf16."""
+    rounded to `out`'s bf16 (of e4m3 codes with their (row, weight row) `scales`)."""
     rows, k = x.shape
     m_out = weight.shape[0]
+    x_scale, w_scale = scales if scales is not None else (out, out)
     _product_kernel[(m_out // BLOCK_WEIGHT_ROWS, splits, row_tiles(rows))](
         weight,
         x,
+        w_scale,
+        x_scale,
         out,
         rows,
         m_out,
@@ -240,6 +314,7 @@ def _product(x: Tensor, weight: Tensor, out: Tensor, splits: int, dependent: boo
         BLOCK_N=BLOCK_ACTIVATION_ROWS,
         BLOCK_K=BLOCK_K,
         ROUNDED=splits == 1,
+        CODES=scales is not None,
         DEPENDENT=dependent,
         num_warps=4,
         num_stages=STAGES,

@@ -247,8 +247,9 @@ class Weight:
     is then fp8) an fp8 GEMM over `small`; in between, the tensor-core kernel over `small` up to
     `tensor_core_max_rows` rows (where it takes the shapes: ops.tensor_core_linear_suits), then the Triton
     kernels over `dense` up to `triton_max_rows` rows (set for the attention's, the MLP's and the heads'
-    weights: ops.triton_linear; `residual_delta` for down and o, whose products only feed the residual add),
-    else bf16 cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
+    weights: ops.triton_linear; `residual_delta` for down and o, whose products only feed the residual add;
+    over `small` and the norm's e4m3 rows for a qkv or gate/up weight with `triton_fp8_rows`), else bf16
+    cuBLAS over `dense`. The GEMV ranks its loads of `small` in the L2 by `l2_keep` (ops.linear;
     `KernelFrame`'s L2 plan)."""
 
     dense: Tensor
@@ -259,6 +260,7 @@ class Weight:
     l2_keep: int | None = None
     tensor_core_max_rows: int = 0
     triton_max_rows: int = 0
+    triton_fp8_rows: bool = False
 
     @property
     def small_bytes(self) -> int:
@@ -306,23 +308,31 @@ class Weight:
         block's residual add, its RMSNorm and the projection after it.
 
         On the GEMV path one kernel whose blocks norm their input (ops.rms_norm_linear; s is a new tensor).
-        On cuBLAS the add-RMSNorm kernel updates x in place (s is x), then the product."""
+        On cuBLAS the add-RMSNorm kernel updates x in place (s is x), then the product; on Triton with
+        `triton_fp8_rows` the norm's e4m3 rows times the fp8 weight."""
         if self.norm_in_gemv and not self._dense_rows(x):
             gemv_delta = None if delta is None else ops.added(delta)
             return ops.rms_norm_linear(
                 x, norm_weight, eps, self.small, delta=gemv_delta, l2_keep=self.l2_keep
             )
+        if self._fp8_on_triton(x):
+            rows = self._normed_fp8(x, delta, norm_weight, eps)
+            return ops.triton_fp8_linear(rows, cast(QuantizedWeight, self.small)), x
         return self(self._normed(x, delta, norm_weight, eps)), x
 
     def swiglu_after_rms_norm(
         self, x: Tensor, delta: Tensor | SplitSums | None, norm_weight: Tensor, eps: float
     ) -> tuple[Tensor | QuantizedRows, Tensor]:
-        """`after_rms_norm` for a gate/up weight: the SwiGLU (`swiglu`) of the normed rows."""
+        """`after_rms_norm` for a gate/up weight: the SwiGLU (`swiglu`) of the normed rows; on Triton with
+        `triton_fp8_rows`, of the norm's e4m3 rows and the fp8 weight."""
         if self.norm_in_gemv and not self._dense_rows(x):
             gemv_delta = None if delta is None else ops.added(delta)
             return ops.rms_norm_linear(
                 x, norm_weight, eps, self.small, delta=gemv_delta, swiglu=True, l2_keep=self.l2_keep
             )
+        if self._fp8_on_triton(x, swiglu=True):
+            rows = self._normed_fp8(x, delta, norm_weight, eps)
+            return ops.triton_fp8_linear_swiglu(rows, cast(QuantizedWeight, self.small)), x
         return self.swiglu(self._normed(x, delta, norm_weight, eps)), x
 
     def _normed(
@@ -332,14 +342,21 @@ class Weight:
         this weight's product runs fp8: the activations' quantization took 4.4 of a 64-session prefill's
         44.7 ms as kernels of their own (run 123)."""
         if self._fp8_rows(x):
-            if delta is None:
-                return ops.rms_norm_fp8(x, norm_weight, eps)
-            return ops.add_rms_norm_fp8_(ops.added(delta), x, norm_weight, eps)
+            return self._normed_fp8(x, delta, norm_weight, eps)
         return (
             ops.rms_norm(x, norm_weight, eps)
             if delta is None
             else ops.add_rms_norm_(delta, x, norm_weight, eps)
         )
+
+    @staticmethod
+    def _normed_fp8(
+        x: Tensor, delta: Tensor | SplitSums | None, norm_weight: Tensor, eps: float
+    ) -> QuantizedRows:
+        """`_normed` quantized per row by the norm's kernel (split sums added there too)."""
+        if delta is None:
+            return ops.rms_norm_fp8(x, norm_weight, eps)
+        return ops.add_rms_norm_fp8_(delta, x, norm_weight, eps)
 
     def _dense_rows(self, x: Tensor) -> bool:
         return x.shape[0] >= self.gemm_min_rows and x.is_cuda
@@ -354,6 +371,14 @@ class Weight:
         """Whether `_gemm` runs x (without a bias) on Triton: after its fp8 and tensor-core branches. The row
         bound first, so other weights and larger passes skip the tensor-core kernel's plan."""
         return self._on_triton(x) and not self._fp8_rows(x) and not self._on_tensor_cores(x)
+
+    def _fp8_on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
+        """Whether the product after the norm (`after_rms_norm`, `swiglu_after_rms_norm`) runs x on the fp8
+        Triton kernels: where the bf16 ones would run it (after the fp8 GEMM's and tensor-core kernel's rows)
+        and the weight takes fp8 rows."""
+        if not self.triton_fp8_rows or self._fp8_rows(x) or self._on_tensor_cores(x, swiglu):
+            return False
+        return self._dense_rows(x) and self._on_triton(x, swiglu)
 
     def _fp8_rows(self, x: Tensor) -> bool:
         return self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows and self._dense_rows(x)
@@ -397,9 +422,10 @@ def _l2_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
 
 
-def _prepare(weight: Tensor, mode: Mode, triton: bool = False) -> Weight:
+def _prepare(weight: Tensor, mode: Mode, triton: bool = False, fp8_rows: bool = False) -> Weight:
     """`weight` for `mode`; `triton`: a decoder block's weight (qkv, o, gate/up, down) or a head, whose
-    products of 33-128 rows run on Triton (`Mode.triton_max_rows`)."""
+    products of 33-128 rows run on Triton (`Mode.triton_max_rows`); `fp8_rows`: one whose product follows an
+    RMSNorm that can quantize its rows (qkv, gate/up; `Mode.triton_fp8_rows`)."""
     dense = weight.contiguous()
     small = dense if mode.weights == "bf16" else quantize_weight(dense, mode.weights)
     return Weight(
@@ -410,6 +436,7 @@ def _prepare(weight: Tensor, mode: Mode, triton: bool = False) -> Weight:
         mode.fp8_gemm_min_rows,
         tensor_core_max_rows=mode.tensor_core_max_rows,
         triton_max_rows=mode.triton_max_rows if triton else 0,
+        triton_fp8_rows=mode.triton_fp8_rows and triton and fp8_rows,
     )
 
 
@@ -465,9 +492,9 @@ class _Block:
             post_norm=b.post_attention_layernorm.weight,
             q_norm=b.q_norm.weight,
             k_norm=b.k_norm.weight,
-            qkv=_prepare(_fuse(q, k, v), mode, triton=True),
+            qkv=_prepare(_fuse(q, k, v), mode, triton=True, fp8_rows=True),
             o=_prepare(b.o_proj.weight, mode, triton=True),
-            gate_up=_prepare(_fuse(gate, up), mode, triton=True),
+            gate_up=_prepare(_fuse(gate, up), mode, triton=True, fp8_rows=True),
             down=_prepare(b.down_proj.weight, mode, triton=True),
             q_width=q.shape[0],
             kv_width=k.shape[0],

@@ -64,6 +64,15 @@ class Mode:
     (two activation tiles a weight tile): the predictor's first step at 64 streams leaves cuBLAS and
     `silu_mul` (run 170, H100: 64-row frames -0.4..1.0%, first audio not longer). 0: cuBLAS (the A/B's base).
 
+    triton_fp8_rows: the qkv and gate/up products (and its SwiGLU) that run on Triton take the fp8 weights and
+    the rows quantized by the RMSNorm before them (`ops.triton_fp8_linear`, `ops.triton_fp8_linear_swiglu`:
+    the wgmma on e4m3 codes on both sides), not the bf16 weights: half the bytes and nothing widened. Runs
+    172-173 (H100, two rounds): 64-row frames 4.535 / 4.516 -> 4.163 / 4.151 ms, 16 rows -4.5%, the
+    64-stream lockstep aggregate 0.00147 -> 0.00139; weight-only e4m3, widened in the kernel, had been no
+    faster than bf16 (runs 148, 171). The down product stays bf16: its rows quantized by the SwiGLU kernel a
+    scale per 64 columns, each k step scaled as it is added, made the frame 4.565 ms (run 172). Needs fp8
+    weights.
+
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
     (benchmarks/device/frame_variants.py).
@@ -76,15 +85,16 @@ class Mode:
     fp8_gemm_min_rows: int | None = None
     tensor_core_max_rows: int = 32
     triton_max_rows: int = 128
+    triton_fp8_rows: bool = False
     norm_in_gemv: bool = True
 
     def __post_init__(self) -> None:
-        if self.fp8_gemm_min_rows is not None and self.weights != "fp8":
+        if (self.fp8_gemm_min_rows is not None or self.triton_fp8_rows) and self.weights != "fp8":
             raise ValueError("fp8 GEMMs need fp8 weights")
 
 
 EXACT = Mode("exact", "bf16", torch.float32, gemm_min_rows=3)
-FAST = Mode("fast", "fp8", torch.bfloat16, fp8_gemm_min_rows=512)
+FAST = Mode("fast", "fp8", torch.bfloat16, fp8_gemm_min_rows=512, triton_fp8_rows=True)
 MODES: dict[str, Mode] = {"exact": EXACT, "fast": FAST}
 
 

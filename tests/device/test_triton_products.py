@@ -5,20 +5,30 @@ Tolerances:
 - triton_linear: linear's (relative L2 <= 5e-3 to the reference: the fp32 sums of the same products in
   another order, one bf16 rounding), and the same bits call to call (one kernel, a fixed order).
 - triton_linear_split_sums: linear's tolerance for its sums added (`ops.added`, Triton's reduce kernel), which
-  are bit-identical to reference.added's; add_rms_norm_ of the split sums bit-identical to add_rms_norm_ of
-  them added.
+  are bit-identical to reference.added's; add_rms_norm_ (and add_rms_norm_fp8_) of the split sums
+  bit-identical to add_rms_norm_ (add_rms_norm_fp8_) of them added.
 - triton_linear_swiglu: relative L2 <= 1e-2 to reference.linear_swiglu (tensor_core_linear_swiglu's), and
   silu_mul's roundings: >= 95% of elements identical to silu_mul of the float32 products rounded to bf16 (only
   the products' fp32 summation order differs), all within the deviation that order can cause
   (swiglu_deviation_bound).
+- triton_fp8_linear (triton_fp8_linear_swiglu): relative L2 <= 5e-3 to reference.fp8_linear
+  (reference.fp8_linear_swiglu: the float32 products of the same codes, exact a term), and the same bits call
+  to call. Not triton_linear_swiglu's elementwise criteria: Hopper's e4m3 wgmma accumulates with less than
+  float32's precision (Triton does not promote its sums on sm_90 unless asked), which an H100 measured at
+  2.4-3.0e-3 relative L2 for the SwiGLU and 1.5-1.9e-3 for the qkv, 70-87% of elements identical, against
+  3.7-5.3e-2 for the e4m3 quantization itself (benchmarks/results/2026-12-07-run175). Promoting the sums every
+  128 columns made 89% identical and the fast 64-row frame 0.07 ms longer (run 174).
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import pytest
 import torch
 
 from qwen3_tts_native.engine.kernels import ops, reference
+from qwen3_tts_native.engine.kernels.reference import QuantizedWeight
 from qwen3_tts_native.engine.runtime import graphs
 from qwen3_tts_native.engine.runtime.modes import EXACT, FAST, Mode
 
@@ -54,6 +64,22 @@ def test_triton_linear(hopper: None, n: int, k: int, m: int) -> None:
     assert torch.equal(ops.triton_linear(x, w), out)
 
 
+@pytest.mark.parametrize("n", [1, 33, 64, 100, 128])
+@pytest.mark.parametrize("k,m", QKV_SHAPES)
+def test_triton_fp8_linear(hopper: None, n: int, k: int, m: int) -> None:
+    """e4m3 rows on an e4m3 weight, multiplied as codes: within 5e-3 of `reference.fp8_linear` (the float32
+    products of the codes), the same bits call to call."""
+    g = torch.Generator(device="cuda").manual_seed(n * 7 + k + m)
+    x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(m, k, generator=g, device="cuda") / k**0.5).to(BF16)
+    rows, weight = reference.quantize_rows_fp8(x), reference.quantize_weight(w, "fp8")
+    assert ops.triton_fp8_linear_suits(rows, weight)
+    out = ops.triton_fp8_linear(rows, weight)
+    assert out.shape == (n, m) and out.dtype == BF16 and not torch.isnan(out.float()).any()
+    assert rel(out, reference.fp8_linear(rows, weight)) <= 5e-3
+    assert torch.equal(ops.triton_fp8_linear(rows, weight), out)
+
+
 @pytest.mark.parametrize("n", [33, 64, 128])
 @pytest.mark.parametrize("k,m", DOWN_SHAPES)
 def test_triton_linear_split_sums_added_by_the_norm(hopper: None, n: int, k: int, m: int) -> None:
@@ -73,6 +99,11 @@ def test_triton_linear_split_sums_added_by_the_norm(hopper: None, n: int, k: int
     normed = ops.add_rms_norm_(sums, r_sums, norm_weight, 1e-6)
     assert torch.equal(normed, ops.add_rms_norm_(product, r_product, norm_weight, 1e-6))
     assert torch.equal(r_sums, r_product)
+    r_sums, r_product = residual.clone(), residual.clone()
+    quantized = ops.add_rms_norm_fp8_(sums, r_sums, norm_weight, 1e-6)
+    expected = ops.add_rms_norm_fp8_(product, r_product, norm_weight, 1e-6)
+    assert torch.equal(quantized.codes.view(torch.uint8), expected.codes.view(torch.uint8))
+    assert torch.equal(quantized.scale, expected.scale) and torch.equal(r_sums, r_product)
 
 
 @pytest.mark.parametrize("n", [1, 33, 64, 100, 128])
@@ -91,6 +122,23 @@ def test_triton_linear_swiglu(hopper: None, n: int, k: int, intermediate: int) -
     assert identical >= 0.95, identical
     bound = swiglu_deviation_bound(x, w, products)
     assert bool(((out.float() - rounded).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("n", [1, 33, 64, 100, 128])
+@pytest.mark.parametrize("k,intermediate", GATE_UP_SHAPES)
+def test_triton_fp8_linear_swiglu(hopper: None, n: int, k: int, intermediate: int) -> None:
+    """e4m3 rows on an e4m3 [gate; up], multiplied as codes: within 5e-3 of the float32 products of the codes
+    with silu_mul's roundings (the tensor cores' e4m3 sums are less precise than float32: module docstring),
+    and the same bits call to call."""
+    g = torch.Generator(device="cuda").manual_seed(n * 5 + k)
+    x = torch.randn(n, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(2 * intermediate, k, generator=g, device="cuda") / k**0.5 * 3).to(BF16)
+    rows, weight = reference.quantize_rows_fp8(x), reference.quantize_weight(w, "fp8")
+    assert ops.triton_fp8_linear_suits(rows, weight, swiglu=True)
+    out = ops.triton_fp8_linear_swiglu(rows, weight)
+    assert out.shape == (n, intermediate) and out.dtype == BF16 and not torch.isnan(out.float()).any()
+    assert rel(out, reference.fp8_linear_swiglu(rows, weight)) <= 5e-3
+    assert torch.equal(ops.triton_fp8_linear_swiglu(rows, weight), out)
 
 
 def swiglu_deviation_bound(x: torch.Tensor, w: torch.Tensor, products: torch.Tensor) -> torch.Tensor:
@@ -193,3 +241,34 @@ def test_the_frames_products_of_33_to_128_rows_run_on_triton(hopper: None, mode:
             assert torch.equal(delta.partials[:, :n], split_sums.partials[:, :n])
     below = torch.randn(mode.tensor_core_max_rows, 3072, generator=g, device="cuda").to(BF16)
     assert isinstance(block.down.residual_delta(below), torch.Tensor)
+
+
+@pytest.mark.parametrize("product", ["qkv", "gate_up"])
+@pytest.mark.parametrize("mode", [EXACT, FAST], ids=["exact", "fast"])
+def test_the_products_after_a_norm_take_fp8_rows_in_fast_mode(hopper: None, mode: Mode, product: str) -> None:
+    """33-128 rows: in fast mode (`triton_fp8_rows`) the qkv after the add-RMSNorm of the down product's split
+    sums, and the gate/up after that of the o product's, are the fp8 kernels' on the norm's e4m3 rows, bit for
+    bit; in exact mode the bf16 kernels'."""
+    torch.manual_seed(13)
+    block = graphs._Block.from_module(PredictorBlockShapes().to("cuda", BF16), mode)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    norm_weight = (1 + 0.1 * torch.randn(1024, generator=g, device="cuda")).to(BF16)
+    qkv = product == "qkv"
+    weight, before = (block.qkv, block.down) if qkv else (block.gate_up, block.o)
+    fp8_product = ops.triton_fp8_linear if qkv else ops.triton_fp8_linear_swiglu
+    bf16_product = ops.triton_linear if qkv else ops.triton_linear_swiglu
+    for n in (33, 64, 128):
+        residual = torch.randn(n, 1024, generator=g, device="cuda").to(BF16)
+        sums = before.residual_delta(
+            torch.randn(n, before.dense.shape[1], generator=g, device="cuda").to(BF16)
+        )
+        r_block, r_expected = residual.clone(), residual.clone()
+        after_norm = weight.after_rms_norm if qkv else weight.swiglu_after_rms_norm
+        out, updated = after_norm(r_block, sums, norm_weight, 1e-6)
+        assert updated is r_block and isinstance(out, torch.Tensor)
+        if mode.triton_fp8_rows:
+            rows = ops.add_rms_norm_fp8_(sums, r_expected, norm_weight, 1e-6)
+            expected = fp8_product(rows, cast(QuantizedWeight, weight.small))
+        else:
+            expected = bf16_product(ops.add_rms_norm_(sums, r_expected, norm_weight, 1e-6), weight.dense)
+        assert torch.equal(out, expected) and torch.equal(r_block, r_expected)

@@ -73,6 +73,24 @@ def test_split_sums_are_added_in_split_order_then_normed() -> None:
     r_pair = residual.clone()
     ops.add_rms_norm_(sums, r_pair, w, 1e-6, out=pair[:, 0])
     assert torch.equal(pair[:, 0], expected) and torch.equal(r_pair, r_product) and not pair[:, 1].any()
+    r_quantized = residual.clone()
+    quantized = ops.add_rms_norm_fp8_(sums, r_quantized, w, 1e-6)
+    assert torch.equal(r_quantized, r_product)
+    codes = ops.quantize_rows_fp8(expected).codes
+    assert torch.equal(quantized.codes.view(torch.uint8), codes.view(torch.uint8))
+
+
+def test_the_fp8_triton_products_fall_back_to_fp8_linear() -> None:
+    """Off CUDA (or where Triton does not take them) e4m3 rows on an e4m3 weight are `fp8_linear`'s product,
+    and on an e4m3 [gate; up] that product rounded to bf16, then `silu_mul` of its halves."""
+    g = torch.Generator().manual_seed(6)
+    rows = ops.quantize_rows_fp8(torch.randn(5, 64, generator=g, dtype=torch.bfloat16))
+    weight = reference.quantize_weight(torch.randn(96, 64, generator=g), "fp8")
+    assert not ops.triton_fp8_linear_suits(rows, weight, swiglu=True)
+    product = ops.fp8_linear(rows, weight)
+    expected = ops.silu_mul(product[:, :48], product[:, 48:])
+    assert torch.equal(ops.triton_fp8_linear_swiglu(rows, weight), expected)
+    assert torch.equal(ops.triton_fp8_linear(rows, weight), product)
 
 
 def test_samplers_record_their_draws_in_the_rows_slots() -> None:
@@ -419,6 +437,10 @@ def test_the_blocks_and_heads_take_the_modes_triton_rows(
     assert len(weights) == 1 + len(predictor.heads) + 4 * len(blocks)
     assert {w.triton_max_rows for w in weights} == {mode.triton_max_rows} == {128}
     assert frame.projection.triton_max_rows == 0
+    fast = KernelFrame(talker, predictor, FAST)
+    fp8_rows = [w for block in fast.talker_blocks + fast.predictor_blocks for w in (block.qkv, block.gate_up)]
+    others = [fast.codec_head, *fast.heads, *(w for b in fast.talker_blocks for w in (b.o, b.down))]
+    assert all(w.triton_fp8_rows for w in fp8_rows) and not any(w.triton_fp8_rows for w in others)
 
 
 def test_fast_prefill_matches_the_talker_prompt_pass_on_cpu(

@@ -28,4 +28,5 @@ def test_conv_tilings_cover_the_codec_channel_counts() -> None:
     (three 32-channel chunks a tap, fewer than the stages) among them, and each of the products' kernels."""
     names = {launch.name for launch in LAUNCHES}
     assert "triton_conv 96 channels" in names
-    assert {"triton_products swiglu", "triton_products product", "triton_products split sums"} <= names
+    products = {"swiglu", "fp8 swiglu", "product", "fp8 product", "split sums"}
+    assert {f"triton_products {product}" for product in products} <= names

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute over every kernel of the fast 64-stream frame (`frame_ncu.py`, each kernel alone, caches
-# flushed): which of its ~820 kernels take the 4.57 ms of a replay (run 169), and how far their sum falls short
+# flushed): which of its ~820 kernels take the ~4.16 ms of a replay (run 173), and how far their sum falls short
 # of it (the chain's cost), now that the profiler's per-kernel times include each kernel's dependent-launch
 # wait. Makes the snapshot where run_all.sh has not. ~450 s on a fresh machine. Figures: ncu/ncu-fast-b64.txt
 # (and the .csv.gz).

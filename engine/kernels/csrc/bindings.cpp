@@ -64,13 +64,19 @@ void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, 
      "rms_norm");
 }
 
-void rms_norm_split_sums(at::Tensor out, at::Tensor partials, at::Tensor residual, at::Tensor weight, double eps) {
+// `scale` given: `out` is the norm's e4m3 codes (rms_norm_fp8's), scale its rows' scales.
+void rms_norm_split_sums(at::Tensor out, c10::optional<at::Tensor> scale, at::Tensor partials, at::Tensor residual,
+                         at::Tensor weight, double eps) {
   check(partials, "partials", at::kFloat);
   check(residual, "residual", at::kBFloat16);
   check(weight, "weight", at::kBFloat16);
-  check(out, "out", at::kBFloat16);
   check_rows(residual, "residual");
-  check_rows(out, "out");
+  if (scale.has_value()) {
+    check_quantized_rows(out, *scale, residual, "residual");
+  } else {
+    check(out, "out", at::kBFloat16);
+    check_rows(out, "out");
+  }
   const int64_t hidden = residual.size(1);
   TORCH_CHECK(partials.dim() == 3 && partials.is_contiguous() && partials.size(1) >= residual.size(0) &&
                   partials.size(2) == hidden,
@@ -78,9 +84,10 @@ void rms_norm_split_sums(at::Tensor out, at::Tensor partials, at::Tensor residua
   TORCH_CHECK(out.sizes() == residual.sizes(), "out must be residual's shape");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == hidden, "weight must be [hidden]");
   const c10::cuda::CUDAGuard guard(residual.device());
-  ok(q3tts::rms_norm_split_sums(out.data_ptr(), partials.data_ptr<float>(), partials.size(0), partials.stride(0),
-                                residual.data_ptr(), weight.data_ptr(), residual.size(0), hidden, residual.stride(0),
-                                out.stride(0), static_cast<float>(eps), stream()),
+  float* scales = scale.has_value() ? scale->data_ptr<float>() : nullptr;
+  ok(q3tts::rms_norm_split_sums(out.data_ptr(), scales, partials.data_ptr<float>(), partials.size(0),
+                                partials.stride(0), residual.data_ptr(), weight.data_ptr(), residual.size(0), hidden,
+                                residual.stride(0), out.stride(0), static_cast<float>(eps), stream()),
      "rms_norm_split_sums");
 }
 

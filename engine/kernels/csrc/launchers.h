@@ -16,10 +16,11 @@ cudaError_t rms_norm(void* out, const void* x, void* residual, const void* weigh
 
 // `rms_norm` with a residual whose added rows are the float32 partial sums of a product split over k:
 // partials[s * split_stride + r * hidden + c], `splits` of them (4 only: triton_products.DOWN_SPLITS), added
-// in split order from zero and rounded once to bf16, as the product's reduce would round them.
-cudaError_t rms_norm_split_sums(void* out, const float* partials, int splits, int64_t split_stride, void* residual,
-                                const void* weight, int rows, int hidden, int residual_stride, int out_stride,
-                                float eps, cudaStream_t stream);
+// in split order from zero and rounded once to bf16, as the product's reduce would round them. With `scale`
+// (non-null) the norm is quantized as `rms_norm_fp8` quantizes it: `out` is codes contiguous [rows, hidden].
+cudaError_t rms_norm_split_sums(void* out, float* scale, const float* partials, int splits, int64_t split_stride,
+                                void* residual, const void* weight, int rows, int hidden, int residual_stride,
+                                int out_stride, float eps, cudaStream_t stream);
 
 // `rms_norm`'s row quantized as `quantize_rows_fp8` quantizes it: codes contiguous [rows, hidden], scale [rows].
 cudaError_t rms_norm_fp8(void* codes, float* scale, const void* x, void* residual, const void* weight, int rows,

@@ -174,15 +174,21 @@ cudaError_t rms_norm_fp8(void* codes, float* scale, const void* x, void* residua
   return cudaGetLastError();
 }
 
-cudaError_t rms_norm_split_sums(void* out, const float* partials, int splits, int64_t split_stride, void* residual,
-                                const void* weight, int rows, int hidden, int residual_stride, int out_stride,
-                                float eps, cudaStream_t stream) {
+cudaError_t rms_norm_split_sums(void* out, float* scale, const float* partials, int splits, int64_t split_stride,
+                                void* residual, const void* weight, int rows, int hidden, int residual_stride,
+                                int out_stride, float eps, cudaStream_t stream) {
   if (hidden % 8 != 0 || hidden > kThreads * 8 * kMaxVecPerThread) return cudaErrorInvalidValue;
   if (splits != kSplitSums || split_stride % 4 != 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  launch_kernel(rms_norm_kernel<true, false, kSplitSums>, dim3(rows), dim3(kThreads), stream, out, nullptr, nullptr,
-                static_cast<bf16*>(residual), static_cast<const bf16*>(weight), hidden, residual_stride, out_stride,
-                eps, partials, split_stride);
+  auto* res = static_cast<bf16*>(residual);
+  auto* w = static_cast<const bf16*>(weight);
+  if (scale != nullptr) {
+    launch_kernel(rms_norm_kernel<true, true, kSplitSums>, dim3(rows), dim3(kThreads), stream, out, scale, nullptr,
+                  res, w, hidden, residual_stride, hidden, eps, partials, split_stride);
+  } else {
+    launch_kernel(rms_norm_kernel<true, false, kSplitSums>, dim3(rows), dim3(kThreads), stream, out, nullptr,
+                  nullptr, res, w, hidden, residual_stride, out_stride, eps, partials, split_stride);
+  }
   return cudaGetLastError();
 }
 
