@@ -134,7 +134,7 @@ def product_launch(
     """A `triton_products` kernel at its launch constants: weight pointer, activation pointer, output pointer
     `out` (name, type), int `sizes` (all but the first, the row count, multiples of 16 at the engine's
     shapes), `weights` weight tiles a step, the kernel's own constexpr `options`; `codes`: both operands
-    e4m3 (the scales' pointers float32)."""
+    e4m3 (`CODES`; the scales' pointers float32)."""
     element, element_bytes = ("fp8e4nv", 1) if codes else ("bf16", BF16_BYTES)
     weight_rows = triton_products.BLOCK_WEIGHT_ROWS
     activation_rows = triton_products.BLOCK_ACTIVATION_ROWS
@@ -143,6 +143,7 @@ def product_launch(
         "BLOCK_N": activation_rows,
         "BLOCK_K": triton_products.BLOCK_K,
         **(options or {}),
+        "CODES": codes,
         "DEPENDENT": True,
     }
     types = {
@@ -169,50 +170,37 @@ def product_launch(
 def product_launches() -> list[KernelLaunch]:
     """`triton_products`' SwiGLU ([gate; up]: two weight tiles a step) and product kernels, the product
     rounded (one split) and as split sums; the SwiGLU and the rounded product also on e4m3 codes."""
-    return [
-        product_launch(
-            "triton_products swiglu",
-            triton_products._swiglu_kernel,
-            ("out_ptr", "*bf16"),
-            ("rows", "width", "k"),
-            2,
-            {"CODES": False},
-        ),
-        product_launch(
-            "triton_products fp8 swiglu",
-            triton_products._swiglu_kernel,
-            ("out_ptr", "*bf16"),
-            ("rows", "width", "k"),
-            2,
-            {"CODES": True},
-            codes=True,
-        ),
-        product_launch(
-            "triton_products product",
-            triton_products._product_kernel,
-            ("out_ptr", "*bf16"),
-            ("rows", "m_out", "k", "k_split"),
-            1,
-            {"ROUNDED": True, "CODES": False},
-        ),
-        product_launch(
-            "triton_products fp8 product",
-            triton_products._product_kernel,
-            ("out_ptr", "*bf16"),
-            ("rows", "m_out", "k", "k_split"),
-            1,
-            {"ROUNDED": True, "CODES": True},
-            codes=True,
-        ),
-        product_launch(
-            "triton_products split sums",
-            triton_products._product_kernel,
-            ("out_ptr", "*fp32"),
-            ("rows", "m_out", "k", "k_split"),
-            1,
-            {"ROUNDED": False, "CODES": False},
-        ),
-    ]
+    launches = []
+    for codes in (False, True):
+        prefix = "fp8 " if codes else ""
+        launches += [
+            product_launch(
+                f"triton_products {prefix}swiglu",
+                triton_products._swiglu_kernel,
+                ("out_ptr", "*bf16"),
+                ("rows", "width", "k"),
+                2,
+                codes=codes,
+            ),
+            product_launch(
+                f"triton_products {prefix}product",
+                triton_products._product_kernel,
+                ("out_ptr", "*bf16"),
+                ("rows", "m_out", "k", "k_split"),
+                1,
+                {"ROUNDED": True},
+                codes=codes,
+            ),
+        ]
+    split_sums = product_launch(
+        "triton_products split sums",
+        triton_products._product_kernel,
+        ("out_ptr", "*fp32"),
+        ("rows", "m_out", "k", "k_split"),
+        1,
+        {"ROUNDED": False},
+    )
+    return [*launches, split_sums]
 
 
 def engine_launches() -> list[KernelLaunch]:

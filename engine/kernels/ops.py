@@ -978,7 +978,7 @@ def triton_fp8_linear_suits(x: QuantizedRows, weight: QuantizedWeight, swiglu: b
 def triton_fp8_linear(x: QuantizedRows, weight: QuantizedWeight) -> Tensor:
     """`fp8_linear` of up to 128 e4m3 rows (`rms_norm_fp8`'s) and fast mode's e4m3 weight in one Triton
     kernel that multiplies both as codes (the qkv products). Kernel tolerance vs `reference.fp8_linear`:
-    `triton_linear`'s."""
+    relative L2 <= 5e-3 (Hopper's e4m3 sums are less precise than float32's: 1.5-1.9e-3 measured, run 175)."""
     if not triton_fp8_linear_suits(x, weight):
         return reference.fp8_linear(x, weight)
     return triton_products.fp8_linear(x, weight, dependent_launch())
@@ -986,8 +986,8 @@ def triton_fp8_linear(x: QuantizedRows, weight: QuantizedWeight) -> Tensor:
 
 def triton_fp8_linear_swiglu(x: QuantizedRows, gate_up: QuantizedWeight) -> Tensor:
     """`linear_swiglu` of e4m3 rows (`rms_norm_fp8`'s) and fast mode's e4m3 [gate; up], up to 128 rows in one
-    Triton kernel that multiplies both as codes. Kernel tolerance vs `reference.fp8_linear_swiglu`:
-    `triton_linear_swiglu`'s (the fp32 sums of the same code products in another order)."""
+    Triton kernel that multiplies both as codes. Kernel tolerance vs `reference.fp8_linear_swiglu`: relative
+    L2 <= 5e-3 (Hopper's e4m3 sums are less precise than float32's: 2.4-3.0e-3 measured, run 175)."""
     if not triton_fp8_linear_suits(x, gate_up, swiglu=True):
         return reference.fp8_linear_swiglu(x, gate_up)
     return triton_products.fp8_linear_swiglu(x, gate_up, dependent_launch())

@@ -367,18 +367,16 @@ class Weight:
     def _on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
         return x.shape[0] <= self.triton_max_rows and ops.triton_linear_suits(x, self.dense, swiglu)
 
-    def _gemm_on_triton(self, x: Tensor) -> bool:
-        """Whether `_gemm` runs x (without a bias) on Triton: after its fp8 and tensor-core branches. The row
-        bound first, so other weights and larger passes skip the tensor-core kernel's plan."""
-        return self._on_triton(x) and not self._fp8_rows(x) and not self._on_tensor_cores(x)
+    def _gemm_on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
+        """Whether `_gemm` (with `swiglu`: the `swiglu` method) runs x (without a bias) on Triton: after its
+        fp8 and tensor-core branches. The row bound first, so other weights and larger passes skip the
+        tensor-core kernel's plan."""
+        return self._on_triton(x, swiglu) and not self._fp8_rows(x) and not self._on_tensor_cores(x, swiglu)
 
     def _fp8_on_triton(self, x: Tensor, swiglu: bool = False) -> bool:
         """Whether the product after the norm (`after_rms_norm`, `swiglu_after_rms_norm`) runs x on the fp8
-        Triton kernels: where the bf16 ones would run it (after the fp8 GEMM's and tensor-core kernel's rows)
-        and the weight takes fp8 rows."""
-        if not self.triton_fp8_rows or self._fp8_rows(x) or self._on_tensor_cores(x, swiglu):
-            return False
-        return self._dense_rows(x) and self._on_triton(x, swiglu)
+        Triton kernels: where the bf16 ones would run it and the weight takes fp8 rows."""
+        return self.triton_fp8_rows and self._dense_rows(x) and self._gemm_on_triton(x, swiglu)
 
     def _fp8_rows(self, x: Tensor) -> bool:
         return self.fp8_min_rows is not None and x.shape[0] >= self.fp8_min_rows and self._dense_rows(x)
