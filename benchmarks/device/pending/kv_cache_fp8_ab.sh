@@ -8,6 +8,6 @@ make_tree kvfp8 kv-cache-fp8.patch
 PHASES="snapshot build" BUDGET_S=150 bash benchmarks/device/run_all.sh 2>&1 | grep -E "rc=|===" | tail -6
 wait
 echo "=== ab ($(left)s left)"
-QWEN3_TTS_REPORT_DIR=$OUT/kvfp8-reports TREES=kvfp8 TEST_TREES=kvfp8 PARITY_TREES=kvfp8 ROUNDS=${ROUNDS:-2} RUNS=3 BUDGET_S=$(( $(left) - 15 )) \
+QWEN3_TTS_REPORT_DIR=/tmp/q3tts/results/ab/kvfp8-reports TREES=kvfp8 TEST_TREES=kvfp8 PARITY_TREES=kvfp8 ROUNDS=${ROUNDS:-2} RUNS=3 BUDGET_S=$(( $(left) - 15 )) \
   bash benchmarks/device/ab_trees.sh 2>&1 | grep -v "^\s*$" | tail -70
 tar czf "$OUT/ab.tgz" -C /tmp/q3tts/results ab
