@@ -4,8 +4,7 @@
 TOTAL=${TOTAL:-330}
 . benchmarks/device/pending/trees.sh
 if [ ! -d /tmp/q3tts/full ]; then
-  ( cd .whl/tree-base && QWEN3_TTS_KERNEL_CACHE=/tmp/q3tts/kernel-cache-base MAX_JOBS=6 PYTHONPATH=$PWD:/tmp/site_common \
-      timeout 150 python3 -m qwen3_tts_native.engine.kernels build > /tmp/q3tts-build-base.log 2>&1; echo "tree base build rc=$?" ) &
+  build_tree base 6 150
   PHASES="setup build snapshot" BUDGET_S=120 bash benchmarks/device/run_all.sh 2>&1 | tail -12
   wait
 fi
