@@ -10,7 +10,7 @@ weights are in a frame), so the sum of the kernels' times against the replay is 
 Usage: python benchmarks/device/frame_ncu.py --model SNAPSHOT --out DIR [--modes exact,fast] [--streams 1]
            [--skip K] [--kernels N] [--timeout S] [--tensor-core-max-rows R]
 (runs itself under ncu once per mode, N kernels of the frame after its first K; writes
-ncu-<mode>-b<streams>[-tc<R>].csv, ncu's log and the .txt summary, and prints the summary.
+ncu-<mode>-b<streams>[-tc<R>].csv, ncu's log (without the table) and the .txt summary, and prints the summary.
 --tensor-core-max-rows overrides the mode's `tensor_core_max_rows`: 0 puts every product of 4 rows or more
 on cuBLAS, 128 every one the tensor-core kernel takes)
 """
@@ -196,6 +196,7 @@ def run_profiles(args: argparse.Namespace) -> int:
             print(mode, "ncu wrote no table; rc", process.returncode, output[-3000:], flush=True)
             continue
         stem.with_suffix(".csv").write_text(raw)
+        log.write_text(output[:start])  # the table is in the .csv; the log keeps what ncu said
         variant = "" if rows is None else f", tensor_core_max_rows {rows}"
         text = summarize(raw, f"{mode} mode{variant}, one decode frame graph at {args.streams} stream(s)")
         stem.with_suffix(".txt").write_text(text)
