@@ -33,7 +33,16 @@ SOURCES = (
     "embedding.cu",
     "row_copy.cu",
 )
-HEADERS = ("common.cuh", "fp8.cuh", "launch.cuh", "launchers.h", "rope.cuh", "snake.cuh", "weight_load.cuh")
+HEADERS = (
+    "common.cuh",
+    "fp8.cuh",
+    "kv_cache.cuh",
+    "launch.cuh",
+    "launchers.h",
+    "rope.cuh",
+    "snake.cuh",
+    "weight_load.cuh",
+)
 DISABLE_ENV = "QWEN3_TTS_KERNELS"
 CACHE_ENV = "QWEN3_TTS_KERNEL_CACHE"
 

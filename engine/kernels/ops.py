@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..model.layers import CacheScales
 from ..runtime import sampling
 from . import loader, reference
 from .reference import QuantizedRows, QuantizedWeight, SnakeBetaParameters, SplitSums
@@ -252,6 +253,17 @@ def add_rms_norm_fp8_(x: Tensor | SplitSums, residual: Tensor, weight: Tensor, e
     return out
 
 
+def _cache_ext(k_cache: Tensor, v_cache: Tensor, scales: CacheScales | None, *tensors: Tensor):  # type: ignore[no-untyped-def]
+    """The extension if the bf16 `tensors` are on CUDA and the caches are ones the attention kernels take:
+    bf16 without scales, or e4m3 codes with contiguous float32 row scales (`CacheScales`); else None."""
+    if scales is None:
+        return _ext(*tensors, k_cache, v_cache)
+    cache_ok = all(c.dtype == torch.float8_e4m3fn and c.is_cuda for c in (k_cache, v_cache)) and all(
+        t.dtype == torch.float32 and t.is_cuda and t.is_contiguous() for t in scales
+    )
+    return _ext(*tensors) if cache_ok else None
+
+
 def qk_norm_rope_cache(
     q: Tensor,
     k: Tensor,
@@ -266,13 +278,16 @@ def qk_norm_rope_cache(
     v_cache: Tensor,
     eps: float,
     keys_out: Tensor | None = None,
+    scales: CacheScales | None = None,
 ) -> Tensor:
     """Per-head q/k RMSNorm + RoPE + K/V cache write for one token per row; returns q [B, Hq, D]. `keys_out`
-    [B, Hkv, D], when given, gets the roped keys too (the values the cache gets, bit for bit).
+    [B, Hkv, D], when given, gets the roped keys too (the values the cache gets, bit for bit, in bf16).
+    `scales`: the caches are e4m3 codes, each K/V row quantized as `reference.quantize_rows_fp8` does.
 
-    Kernel tolerance: 1 bf16 ulp on q and k (the norm's fp32 sum order); v is copied exactly.
+    Kernel tolerance: 1 bf16 ulp on q and k (the norm's fp32 sum order); v is copied exactly (its codes and
+    scales are the reference's bit for bit).
     """
-    ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
+    ext = _cache_ext(k_cache, v_cache, scales, q, k, v, q_norm, k_norm, cos_table, sin_table)
     if (
         ext is None
         or positions.dtype != torch.int64
@@ -280,7 +295,20 @@ def qk_norm_rope_cache(
         or k_cache.shape[-1] not in (64, 128)
     ):
         return reference.qk_norm_rope_cache(
-            q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps, keys_out
+            q,
+            k,
+            v,
+            q_norm,
+            k_norm,
+            cos_table,
+            sin_table,
+            positions,
+            slots,
+            k_cache,
+            v_cache,
+            eps,
+            keys_out,
+            scales,
         )
     head_dim = k_cache.shape[-1]
     q_out = torch.empty(q.shape[0], q.shape[1] // head_dim, head_dim, dtype=q.dtype, device=q.device)
@@ -299,8 +327,14 @@ def qk_norm_rope_cache(
         k_cache,
         v_cache,
         eps,
+        *_scale_args(scales),
     )
     return q_out
+
+
+def _scale_args(scales: CacheScales | None) -> tuple[Tensor | None, Tensor | None]:
+    """The bindings' trailing (k_scale, v_scale) arguments: (None, None) for a bf16 cache."""
+    return (None, None) if scales is None else (scales.k, scales.v)
 
 
 def decode_attention(
@@ -311,8 +345,10 @@ def decode_attention(
     lengths: Tensor,
     scale: float,
     span: int | None = None,
+    scales: CacheScales | None = None,
 ) -> Tensor:
-    """One query per row over its slot's first `lengths` keys: [B, Hq, D] -> [B, Hq*D].
+    """One query per row over its slot's first `lengths` keys: [B, Hq, D] -> [B, Hq*D]. `scales`: the
+    caches are e4m3 codes with these row scales.
 
     `span` (default: the cache's positions): a bound on every row's length that the caller guarantees; the
     kernel's grid covers only that many positions (a row longer than it would lose its later keys). The
@@ -320,12 +356,13 @@ def decode_attention(
 
     The kernel keeps scores and probabilities in fp32 (the reference rounds scores and weights to bf16),
     so it is judged against float64 attention over the same inputs: relative L2 <= 4e-3, and never
-    farther from float64 than the reference (tests/device/test_kernel_parity.py says why).
+    farther from float64 than the reference (tests/device/test_kernel_parity.py says why); over an e4m3
+    cache, against float64 attention over its dequantized rows (`reference.cache_rows`).
     """
-    ext = _ext(q, k_cache, v_cache)
+    ext = _cache_ext(k_cache, v_cache, scales, q)
     supported = k_cache.shape[-1] in (64, 128) and q.shape[1] // k_cache.shape[1] in (1, 2)
     if ext is None or not supported or slots.dtype != torch.int64 or lengths.dtype != torch.int64:
-        return reference.decode_attention(q, k_cache, v_cache, slots, lengths, scale)
+        return reference.decode_attention(q, k_cache, v_cache, slots, lengths, scale, scales)
     batch, heads, head_dim = q.shape
     covered = k_cache.shape[2] if span is None else span
     workspace = torch.empty(
@@ -334,7 +371,9 @@ def decode_attention(
         device=q.device,
     )
     out = torch.empty_like(q)
-    ext.decode_attention(out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale, covered)
+    ext.decode_attention(
+        out, q.contiguous(), k_cache, v_cache, slots, lengths, workspace, scale, covered, *_scale_args(scales)
+    )
     return out.view(batch, heads * head_dim)
 
 
@@ -379,6 +418,7 @@ def rope_attention(
     *,
     distinct_slots: bool,
     span: int | None = None,
+    scales: CacheScales | None = None,
 ) -> Tensor:
     """`qk_norm_rope_cache` then `decode_attention` over positions 0..position (lengths = positions + 1, which
     the caller computes once for all layers): [B, Hq*D]. `span`: `decode_attention`'s bound on the lengths
@@ -388,8 +428,10 @@ def rope_attention(
     the new key themselves and stage the new K/V from registers), plus the split merge when the cache holds
     more than `SHORT_CACHE` positions; bit-identical to the two kernels. Rows that share a slot (several
     tokens of one sequence in one call) must see each other's new K/V, so they run the two kernels.
+    `scales`: the caches are e4m3 codes with these row scales (the new K/V quantized as
+    `qk_norm_rope_cache` quantizes them, and attended as the cache then holds them).
     """
-    ext = _ext(q, k, v, q_norm, k_norm, cos_table, sin_table, k_cache, v_cache)
+    ext = _cache_ext(k_cache, v_cache, scales, q, k, v, q_norm, k_norm, cos_table, sin_table)
     head_dim = k_cache.shape[-1]
     supported = (
         distinct_slots
@@ -400,9 +442,22 @@ def rope_attention(
     )
     if ext is None or not supported:
         rotated = qk_norm_rope_cache(
-            q, k, v, q_norm, k_norm, cos_table, sin_table, positions, slots, k_cache, v_cache, eps
+            q,
+            k,
+            v,
+            q_norm,
+            k_norm,
+            cos_table,
+            sin_table,
+            positions,
+            slots,
+            k_cache,
+            v_cache,
+            eps,
+            None,
+            scales,
         )
-        return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale, span)
+        return decode_attention(rotated, k_cache, v_cache, slots, lengths, scale, span, scales)
     out = torch.empty(q.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
     workspace = None
     if k_cache.shape[2] > SHORT_CACHE:
@@ -424,6 +479,7 @@ def rope_attention(
         v_cache,
         eps,
         scale,
+        *_scale_args(scales),
     )
     return out
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..model import layers
+from ..model.layers import CacheScales
 from ..runtime import sampling
 
 INT8_MAX = 127.0
@@ -156,12 +157,14 @@ def qk_norm_rope_cache(
     v_cache: Tensor,
     eps: float,
     keys_out: Tensor | None = None,
+    scales: CacheScales | None = None,
 ) -> Tensor:
     """q [B, Hq*D], k/v [B, Hkv*D] of one token per row -> roped q [B, Hq, D]; K/V into the layer cache,
     and the roped keys into `keys_out` [B, Hkv, D] when given.
 
     The same ops as `layers.DecoderBlock.forward`: per-head RMSNorm, rotate-half RoPE from the table rows
-    of `positions`, cache[slot, :, position] = k / v.
+    of `positions`, cache[slot, :, position] = k / v; with `scales` (an e4m3 cache) each K and V row is
+    written as `quantize_rows_fp8` codes, its scale at scales[slot, head, position].
     """
     head_dim = k_cache.shape[-1]
     batch = q.shape[0]
@@ -171,20 +174,44 @@ def qk_norm_rope_cache(
     sin = sin_table[positions].unsqueeze(1)
     qh = layers.apply_rope(qh, cos, sin)
     kh = layers.apply_rope(kh, cos, sin)
-    k_cache[slots, :, positions] = kh
-    v_cache[slots, :, positions] = v.view(batch, -1, head_dim)
+    vh = v.view(batch, -1, head_dim)
+    if scales is None:
+        k_cache[slots, :, positions] = kh
+        v_cache[slots, :, positions] = vh
+    else:
+        for cache, scale, rows in ((k_cache, scales.k, kh), (v_cache, scales.v, vh)):
+            quantized = quantize_rows_fp8(rows.reshape(-1, head_dim))
+            cache[slots, :, positions] = quantized.codes.view(rows.shape)
+            scale[slots, :, positions] = quantized.scale.view(rows.shape[:-1])
     if keys_out is not None:
         keys_out.copy_(kh)
     return qh
 
 
+def cache_rows(cache: Tensor, scales: Tensor | None, slots: Tensor) -> Tensor:
+    """The cache rows of `slots` [B, kv_heads, max_len, D] as float32 values: an e4m3 cache's codes times
+    their rows' `scales`, a bf16 cache's elements as they are."""
+    rows = cache[slots].float()
+    return rows if scales is None else rows * scales[slots].unsqueeze(-1)
+
+
 def decode_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slots: Tensor,
+    lengths: Tensor,
+    scale: float,
+    scales: CacheScales | None = None,
 ) -> Tensor:
-    """q [B, Hq, D] (position lengths-1) over each row's slot -> [B, Hq*D], via `layers.attention`."""
-    return layers.attention(
-        q.unsqueeze(1), k_cache[slots], v_cache[slots], (lengths - 1).unsqueeze(1), scale
-    )[:, 0]
+    """q [B, Hq, D] (position lengths-1) over each row's slot -> [B, Hq*D], via `layers.attention`; an e4m3
+    cache (`scales` given) is first dequantized to q's dtype."""
+    if scales is None:
+        keys, values = k_cache[slots], v_cache[slots]
+    else:
+        keys = cache_rows(k_cache, scales.k, slots).to(q.dtype)
+        values = cache_rows(v_cache, scales.v, slots).to(q.dtype)
+    return layers.attention(q.unsqueeze(1), keys, values, (lengths - 1).unsqueeze(1), scale)[:, 0]
 
 
 def prompt_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Tensor, scale: float) -> Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -100,16 +100,27 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out.squeeze(1) if squeeze else out
 
 
+class CacheScales(NamedTuple):
+    """The float32 scales of an e4m3 KV cache's rows, one a (slot, KV head, position): a row holds
+    `reference.quantize_rows_fp8` codes of its keys or values, which times its scale give them back."""
+
+    k: Tensor
+    v: Tensor
+
+
 @dataclass
 class KVCache:
     """Preallocated keys and values: [layers, slots, kv_heads, max_len, head_dim] each.
 
     A slot belongs to one session; a batch is the index set of its sessions' slots. Shapes never change
-    after construction, so a step can be captured in a CUDA graph.
+    after construction, so a step can be captured in a CUDA graph. An e4m3 cache (fast mode's talker, on the
+    attention kernels) holds codes and their rows' `scales` [layers, slots, kv_heads, max_len]; only the
+    kernels' ops (and their references) read and write it.
     """
 
     k: Tensor
     v: Tensor
+    scales: CacheScales | None = None
 
     @classmethod
     def allocate(
@@ -123,8 +134,15 @@ class KVCache:
         device: torch.device | str,
     ) -> KVCache:
         shape = (layers, slots, kv_heads, max_len, head_dim)
+        scales = None
+        if dtype == torch.float8_e4m3fn:
+            scales = CacheScales(
+                *(torch.zeros(shape[:-1], dtype=torch.float32, device=device) for _ in range(2))
+            )
         return cls(
-            torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+            scales,
         )
 
 

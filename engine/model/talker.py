@@ -117,8 +117,9 @@ class Talker(nn.Module):
     def hidden_size(self) -> int:
         return self.codec_embedding.shape[1]
 
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
-        """A KV pool of `slots` sessions of up to `max_len` positions each."""
+    def new_cache(self, slots: int, max_len: int, *, fp8: bool = False) -> KVCache:
+        """A KV pool of `slots` sessions of up to `max_len` positions each: in the model's dtype, or e4m3
+        codes with row scales (`fp8`; only the attention kernels' ops take one)."""
         weight = self.codec_head.weight
         return KVCache.allocate(
             len(self.layers),
@@ -126,7 +127,7 @@ class Talker(nn.Module):
             self.shape.kv_heads,
             max_len,
             self.shape.head_dim,
-            weight.dtype,
+            torch.float8_e4m3fn if fp8 else weight.dtype,
             weight.device,
         )
 

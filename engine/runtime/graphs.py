@@ -27,7 +27,9 @@ bucket's; above it (several sessions, or a long prompt), from the graph of its `
 and span, attending through torch's varlen flash attention over each prompt (`PromptSequences`) instead of the
 per-row decode kernel. Only a pass whose padding would not fit (`KernelFrame.pass_rows`) runs eagerly. Modes
 (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and fast's
-products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`).
+products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`); and in the
+talker's KV cache: bf16 (exact) or e4m3 codes with a scale a row (fast: `Mode.kv_cache_fp8`; `install`
+allocates it).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is
@@ -56,7 +58,7 @@ from torch import Tensor
 
 from ..kernels import ops
 from ..kernels.reference import QuantizedRows, QuantizedWeight, SplitSums, quantize_weight
-from ..model.layers import KVCache
+from ..model.layers import CacheScales, KVCache
 from ..model.predictor import CodePredictor
 from ..model.talker import Talker
 from ..transfer import upload, upload_into
@@ -525,6 +527,7 @@ def _run_blocks(
     distinct_slots: bool,
     span: int | None = None,
     sequences: PromptSequences | None = None,
+    cache_scales: CacheScales | None = None,
 ) -> tuple[Tensor, Tensor | SplitSums]:
     """One token per row through every block (the residual stream `x` [N, H] may be updated in place); row i
     is at positions[i] and attends to lengths[i] = positions[i] + 1 keys.
@@ -535,7 +538,7 @@ def _run_blocks(
     RMSNorm, and on the GEMV path that into the qkv or gate/up projection after it (the residual stream then
     moves to new tensors instead). `distinct_slots`: no two rows write the same cache slot, and `span` bounds
     lengths (see `ops.rope_attention`). With `sequences` (a packed prompt pass) the attention is
-    `PromptSequences.attend`.
+    `PromptSequences.attend`. `cache_scales`: every layer's row scales of an e4m3 cache (`KVCache.scales`).
     """
     residual = x
     delta: Tensor | SplitSums | None = None
@@ -543,13 +546,27 @@ def _run_blocks(
         qkv, residual = blk.qkv.after_rms_norm(residual, delta, blk.input_norm, eps)
         q, k, v = qkv.split([blk.q_width, blk.kv_width, blk.kv_width], dim=1)
         k_cache, v_cache = cache_k[index], cache_v[index]
+        scales = None if cache_scales is None else CacheScales(cache_scales.k[index], cache_scales.v[index])
         if sequences is not None:
             # The pass's keys straight from the rope kernel: gathered back from the cache they took 3.6 of a
             # 64-stream prefill's 49 ms (run 123).
             head_dim = k_cache.shape[-1]
             keys = k.new_empty(k.shape[0], k.shape[1] // head_dim, head_dim)
             roped = ops.qk_norm_rope_cache(
-                q, k, v, blk.q_norm, blk.k_norm, cos, sin, positions, slots, k_cache, v_cache, eps, keys
+                q,
+                k,
+                v,
+                blk.q_norm,
+                blk.k_norm,
+                cos,
+                sin,
+                positions,
+                slots,
+                k_cache,
+                v_cache,
+                eps,
+                keys,
+                scales,
             )
             attended = sequences.attend(roped, keys, v.view(keys.shape), scale)
         else:
@@ -570,6 +587,7 @@ def _run_blocks(
                 scale,
                 distinct_slots=distinct_slots,
                 span=span,
+                scales=scales,
             )
         attention_delta = blk.o.residual_delta(attended)
         mlp, residual = blk.gate_up.swiglu_after_rms_norm(residual, attention_delta, blk.post_norm, eps)
@@ -639,6 +657,7 @@ class KernelFrame:
     """The frame of `step.decode_frames` on the fused kernels, with the GEMV weights of `mode`."""
 
     def __init__(self, talker: Talker, predictor: CodePredictor, mode: Mode) -> None:
+        self.mode = mode
         self.talker = talker
         self.predictor = predictor
         tc = talker.config.talker
@@ -759,6 +778,7 @@ class KernelFrame:
             distinct_slots=distinct_slots,
             span=span,
             sequences=sequences,
+            cache_scales=cache.scales,
         )
         return ops.add_rms_norm_(delta, residual, t.norm.weight, self.talker_eps, out=out)
 
@@ -1408,16 +1428,21 @@ def _slice_rows(rows: FrameRows, start: int, stop: int) -> FrameRows:
 
 
 def install(engine: VoiceDesignEngine, backend: GraphFrameBackend) -> Callable[[], None]:
-    """Make `backend` the engine's frame backend (growing its KV pool by the scratch slot); returns a
-    function that restores the previous backend (the grown pool stays)."""
-    slots = engine.max_sessions + backend.scratch_slots
-    if engine.cache.k.shape[1] < slots:
-        engine.cache = engine.talker.new_cache(slots, engine.max_context)
+    """Make `backend` the engine's frame backend (growing its KV pool by the scratch slot, and making it an
+    e4m3 pool where the mode asks: `Mode.kv_cache_fp8`); returns a function that restores the previous
+    backend (the grown pool stays, in the model's dtype: the eager backends read only that). A new pool
+    holds no session's keys: install before sessions start."""
+    slots = max(engine.max_sessions + backend.scratch_slots, engine.cache.k.shape[1])
+    fp8 = backend.mode.kv_cache_fp8
+    if engine.cache.k.shape[1] < slots or (engine.cache.scales is not None) != fp8:
+        engine.cache = engine.talker.new_cache(slots, engine.max_context, fp8=fp8)
         engine.slot_state = engine.slot_state.with_slots(slots)
     previous = engine.frame_backend
     engine.frame_backend = backend
 
     def undo() -> None:
         engine.frame_backend = previous
+        if engine.cache.scales is not None:
+            engine.cache = engine.talker.new_cache(engine.cache.k.shape[1], engine.max_context)
 
     return undo

@@ -73,6 +73,12 @@ class Mode:
     scale per 64 columns, each k step scaled as it is added, made the frame 4.565 ms (run 172). Needs fp8
     weights.
 
+    kv_cache_fp8: the talker's KV cache holds e4m3 codes with a float32 scale a (slot, KV head, position) row
+    (`graphs.install` allocates it; `ops.rope_attention` and its kernels quantize each new row as
+    `reference.quantize_rows_fp8` does and attend over the codes times their scales): half the bytes the
+    decode attention streams, which at 64 streams was bandwidth-bound (Nsight Compute, run 178: 21.5 us a
+    layer at ~1.9 TB/s, a quarter of the talker's kernel time). The predictor's 16-position cache stays bf16.
+
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
     (benchmarks/device/frame_variants.py).
@@ -86,6 +92,7 @@ class Mode:
     tensor_core_max_rows: int = 32
     triton_max_rows: int = 128
     triton_fp8_rows: bool = False
+    kv_cache_fp8: bool = False
     norm_in_gemv: bool = True
 
     def __post_init__(self) -> None:
@@ -94,7 +101,7 @@ class Mode:
 
 
 EXACT = Mode("exact", "bf16", torch.float32, gemm_min_rows=3)
-FAST = Mode("fast", "fp8", torch.bfloat16, fp8_gemm_min_rows=512, triton_fp8_rows=True)
+FAST = Mode("fast", "fp8", torch.bfloat16, fp8_gemm_min_rows=512, triton_fp8_rows=True, kv_cache_fp8=True)
 MODES: dict[str, Mode] = {"exact": EXACT, "fast": FAST}
 
 

@@ -112,12 +112,13 @@ def teacher_forced_logits(
     engine: VoiceDesignEngine, codes: torch.Tensor, frame: graphs.KernelFrame | None
 ) -> torch.Tensor:
     """cb0 logits [T, vocab] of frames 0..T-1 when every input is the given codes' previous frame: the
-    torch model's (`frame` None) or the kernel frame's, each on a private cache."""
+    torch model's (`frame` None) or the kernel frame's, each on a private cache (e4m3 where the frame's
+    mode keeps one: `Mode.kv_cache_fp8`)."""
     talker = engine.talker
     session = engine.start_session(greedy())
     try:
         assert session.prompt is not None
-        cache = talker.new_cache(1, engine.max_context)
+        cache = talker.new_cache(1, engine.max_context, fp8=frame is not None and frame.mode.kv_cache_fp8)
         slot = torch.zeros(1, dtype=torch.int64, device=engine.device)
         if frame is None:
             hidden = step.prefill_hidden(talker, cache, session.prompt, slot)

@@ -35,6 +35,11 @@ Tolerances, per op:
 - codec_window_attention: the next cache bit-identical (the RoPE'd keys round as torch's mul and addcmul
   do); the output within 1e-5 relative L2 in float32 of the reference, bf16 within 1e-2 (the reference
   rounds its softmax's inputs and its product to bf16 in other places); a stream alone as in the batch.
+- e4m3 KV caches (fast mode's talker, `layers.CacheScales`): qk_norm_rope_cache writes the codes and scales
+  `reference.quantize_rows_fp8` makes of the rows it writes (its bf16 keys, carrying the norm's ulp, and the
+  values, exact); decode_attention over such a cache is judged like the bf16 one, against float64 attention
+  over its dequantized rows (`reference.cache_rows`), relative L2 <= 4e-3; rope_attention is
+  qk_norm_rope_cache then decode_attention bit for bit, as over a bf16 cache.
 - quantize_rows_fp8: bit-identical codes and scales (the same correctly rounded divisions, product and cast).
 - fp8_linear: relative L2 <= 1e-2 against the fp32 product of the same codes (reference.fp8_linear); the
   GEMM accumulates in fp32 in its own order and rounds once to bf16. Rows quantized already give the same
@@ -133,6 +138,21 @@ def rope_inputs(
     return q, k, v, qn, kn, cos, sin
 
 
+def e4m3_cache(slots: int, kv_heads: int, max_len: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random rows quantized as an e4m3 cache holds them: codes [slots, kv_heads, max_len, dim] and their
+    float32 scales [slots, kv_heads, max_len]."""
+    rows = torch.randn(slots * kv_heads * max_len, dim, device="cuda", dtype=BF16) * 3
+    quantized = reference.quantize_rows_fp8(rows)
+    return quantized.codes.view(slots, kv_heads, max_len, dim), quantized.scale.view(slots, kv_heads, max_len)
+
+
+def e4m3_caches(
+    slots: int, kv_heads: int, max_len: int, dim: int
+) -> tuple[torch.Tensor, torch.Tensor, layers.CacheScales]:
+    (k, k_scale), (v, v_scale) = (e4m3_cache(slots, kv_heads, max_len, dim) for _ in range(2))
+    return k, v, layers.CacheScales(k_scale, v_scale)
+
+
 @pytest.mark.parametrize("exact_sums", [True, False])
 @pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 16, 8, 128), (64, 16, 8, 128), (5, 16, 16, 64)])
 def test_qk_norm_rope_cache(ext, batch: int, heads: int, kv_heads: int, dim: int, exact_sums: bool) -> None:  # type: ignore[no-untyped-def]
@@ -192,7 +212,7 @@ def test_decode_attention(ext, batch: int, heads: int, kv_heads: int, dim: int, 
         (ext.decode_attention_workspace(batch, heads, dim, max_len),), float("nan"), device="cuda"
     )
     again = torch.empty_like(q)
-    ext.decode_attention(again, q, k_cache, v_cache, slots, lengths, poisoned, dim**-0.5, max_len)
+    ext.decode_attention(again, q, k_cache, v_cache, slots, lengths, poisoned, dim**-0.5, max_len, None, None)
     assert torch.equal(again.view(batch, heads * dim), out)
 
 
@@ -214,7 +234,9 @@ def test_decode_attention_over_a_span_is_bit_identical(ext, max_len: int, longes
     workspace = torch.empty(ext.decode_attention_workspace(batch, heads, dim, max_len), device="cuda")
     with pytest.raises(RuntimeError, match="span"):
         out = torch.empty_like(q)
-        ext.decode_attention(out, q, k_cache, v_cache, slots, lengths, workspace, 1.0, max_len + 1)
+        ext.decode_attention(
+            out, q, k_cache, v_cache, slots, lengths, workspace, 1.0, max_len + 1, None, None
+        )
 
 
 def test_packed_prompt_attention_on_cuda() -> None:
@@ -247,6 +269,7 @@ def test_packed_prompt_attention_on_cuda() -> None:
     assert rel(got, exact) <= 1.5 * rel(expected, exact)
 
 
+@pytest.mark.parametrize("cache", ["bf16", "e4m3"])
 @pytest.mark.parametrize(
     "batch,heads,kv_heads,dim,max_len",
     [
@@ -262,30 +285,108 @@ def test_packed_prompt_attention_on_cuda() -> None:
     ],
 )
 def test_rope_attention_is_rope_then_attention(  # type: ignore[no-untyped-def]
-    ext, batch: int, heads: int, kv_heads: int, dim: int, max_len: int
+    ext, batch: int, heads: int, kv_heads: int, dim: int, max_len: int, cache: str
 ) -> None:
     """The fused path (one kernel up to 64 positions, then split tiles and the merge) equals
     qk_norm_rope_cache then decode_attention bit for bit: the output and both caches, with new tokens at
     the first and last position of a cache and on both sides of a tile boundary. From 7 rows of a
     4096-position cache (64 rows of 1024) its blocks take several splits each: up to 4 a block at 64 rows of
-    1024, up to 16 at 64 rows of 4096."""
+    1024, up to 16 at 64 rows of 4096. Over an e4m3 cache too: its codes and scales, the new token's key and
+    value attended as their codes times their scales (from registers in the fused kernel)."""
     slots_total = batch + 2
     q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
     positions = torch.randint(0, max_len, (batch,), device="cuda")
     edges = torch.tensor([max_len - 1, 0, 63, 64, 127, 128, 65], device="cuda").clamp(max=max_len - 1)
     positions[: min(batch, 7)] = edges[: min(batch, 7)]
     slots = torch.randperm(slots_total, device="cuda")[:batch]
-    k1 = torch.randn(slots_total, kv_heads, max_len, dim, device="cuda", dtype=BF16)
-    v1 = torch.randn_like(k1)
+    scales1: layers.CacheScales | None = None
+    scales2: layers.CacheScales | None = None
+    if cache == "e4m3":
+        k1, v1, scales1 = e4m3_caches(slots_total, kv_heads, max_len, dim)
+        scales2 = layers.CacheScales(scales1.k.clone(), scales1.v.clone())
+    else:
+        k1 = torch.randn(slots_total, kv_heads, max_len, dim, device="cuda", dtype=BF16)
+        v1 = torch.randn_like(k1)
     k2, v2 = k1.clone(), v1.clone()
     scale = dim**-0.5
     fused = ops.rope_attention(
-        q, k, v, qn, kn, cos, sin, positions, positions + 1, slots, k1, v1, 1e-6, scale, distinct_slots=True
+        q,
+        k,
+        v,
+        qn,
+        kn,
+        cos,
+        sin,
+        positions,
+        positions + 1,
+        slots,
+        k1,
+        v1,
+        1e-6,
+        scale,
+        distinct_slots=True,
+        scales=scales1,
     )
-    rotated = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6)
-    expected = ops.decode_attention(rotated, k2, v2, slots, positions + 1, scale)
+    rotated = ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6, None, scales2)
+    expected = ops.decode_attention(rotated, k2, v2, slots, positions + 1, scale, scales=scales2)
     assert torch.equal(fused, expected)
-    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert torch.equal(k1.view(torch.uint8), k2.view(torch.uint8))
+    assert torch.equal(v1.view(torch.uint8), v2.view(torch.uint8))
+    if scales1 is not None and scales2 is not None:
+        assert torch.equal(scales1.k, scales2.k) and torch.equal(scales1.v, scales2.v)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 16, 8, 128), (64, 16, 8, 128), (5, 16, 16, 64)])
+def test_qk_norm_rope_cache_into_an_e4m3_cache(ext, batch: int, heads: int, kv_heads: int, dim: int) -> None:  # type: ignore[no-untyped-def]
+    """Each K and V row lands as the codes and scale `quantize_rows_fp8` makes of it: the values' from the
+    reference's (exact) values, the keys' from the kernel's own bf16 keys (`keys_out`, which carry the norm's
+    ulp against the reference's); nothing else in the cache moves."""
+    torch.manual_seed(200 + batch + dim)
+    slots_total, max_len = batch + 3, 300
+    q, k, v, qn, kn, cos, sin = rope_inputs(batch, heads, kv_heads, dim, max_len)
+    positions = torch.randint(0, max_len, (batch,), device="cuda")
+    slots = torch.randperm(slots_total, device="cuda")[:batch]
+    k1, v1, scales1 = e4m3_caches(slots_total, kv_heads, max_len, dim)
+    k2, v2, scales2 = k1.clone(), v1.clone(), layers.CacheScales(scales1.k.clone(), scales1.v.clone())
+    keys = torch.full((batch, kv_heads, dim), float("nan"), device="cuda", dtype=BF16)
+    ops.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k1, v1, 1e-6, keys, scales1)
+    reference.qk_norm_rope_cache(q, k, v, qn, kn, cos, sin, positions, slots, k2, v2, 1e-6, None, scales2)
+    own_keys = reference.quantize_rows_fp8(keys.view(-1, dim))
+    assert torch.equal(
+        k1[slots, :, positions].view(-1, dim).view(torch.uint8), own_keys.codes.view(torch.uint8)
+    )
+    assert torch.equal(scales1.k[slots, :, positions].view(-1), own_keys.scale)
+    assert torch.equal(v1.view(torch.uint8), v2.view(torch.uint8)) and torch.equal(scales1.v, scales2.v)
+    untouched = torch.ones(slots_total, max_len, dtype=torch.bool, device="cuda")
+    untouched[slots, positions] = False
+    assert torch.equal(
+        k1.view(torch.uint8).permute(0, 2, 1, 3)[untouched],
+        k2.view(torch.uint8).permute(0, 2, 1, 3)[untouched],
+    )
+
+
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,dim,max_len",
+    [(1, 16, 8, 128, 2048), (64, 16, 8, 128, 512), (8, 16, 8, 128, 16), (4, 16, 16, 64, 72)],
+)
+def test_decode_attention_over_an_e4m3_cache(  # type: ignore[no-untyped-def]
+    ext, batch: int, heads: int, kv_heads: int, dim: int, max_len: int
+) -> None:
+    slots_total = batch + 2
+    k_cache, v_cache, scales = e4m3_caches(slots_total, kv_heads, max_len, dim)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=BF16) * 2
+    slots = torch.randperm(slots_total, device="cuda")[:batch]
+    lengths = torch.randint(1, max_len + 1, (batch,), device="cuda")
+    lengths[0] = max_len
+    out = ops.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5, scales=scales)
+    assert not torch.isnan(out.float()).any()
+    every_slot = torch.arange(slots_total, device="cuda")
+    keys = reference.cache_rows(k_cache, scales.k, every_slot).double()
+    values = reference.cache_rows(v_cache, scales.v, every_slot).double()
+    exact = reference.decode_attention(q.double(), keys, values, slots, lengths, dim**-0.5)
+    assert rel(out, exact) <= 4e-3
+    fallback = reference.decode_attention(q, k_cache, v_cache, slots, lengths, dim**-0.5, scales)
+    assert rel(fallback, exact) <= 3e-2
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 6144), (64, 6144), (17, 3072)])

@@ -291,6 +291,42 @@ def test_attention_and_cache_write_fall_back() -> None:
     assert torch.equal(out, reference.decode_attention(q_roped, k1, v1, slots, positions + 1, dim**-0.5))
 
 
+def test_rope_attention_over_an_e4m3_cache_falls_back() -> None:
+    """Without the extension an e4m3 cache (fast mode's talker) takes the references: each written K/V row
+    is `quantize_rows_fp8`'s codes and scale of the bf16 one, and the attention reads the codes times their
+    scales, close to the attention over the bf16 cache (the e4m3 rounding of the keys and values)."""
+    g = torch.Generator().manual_seed(4)
+    batch, heads, kv_heads, dim, max_len = 3, 4, 2, 64, 40
+    bf16 = torch.bfloat16
+    q, k, v = (torch.randn(batch, n * dim, generator=g).to(bf16) for n in (heads, kv_heads, kv_heads))
+    qn, kn = (
+        (1 + 0.1 * torch.randn(dim, generator=g)).to(bf16),
+        (1 + 0.1 * torch.randn(dim, generator=g)).to(bf16),
+    )
+    cos, sin = layers.rope_cos_sin(torch.arange(max_len), dim, 1e6, bf16)
+    positions, slots = torch.tensor([0, 17, 39]), torch.tensor([2, 0, 3])
+    plain = layers.KVCache.allocate(1, 4, kv_heads, max_len, dim, bf16, "cpu")
+    plain.k.normal_(generator=g)
+    plain.v.normal_(generator=g)
+    coded = layers.KVCache.allocate(1, 4, kv_heads, max_len, dim, torch.float8_e4m3fn, "cpu")
+    assert coded.scales is not None and coded.scales.k.shape == (1, 4, kv_heads, max_len)
+    for source, codes, scale in ((plain.k, coded.k, coded.scales.k), (plain.v, coded.v, coded.scales.v)):
+        quantized = reference.quantize_rows_fp8(source.view(-1, dim))
+        codes.copy_(quantized.codes.view(codes.shape))
+        scale.copy_(quantized.scale.view(scale.shape))
+    scales = layers.CacheScales(coded.scales.k[0], coded.scales.v[0])
+    args = (q, k, v, qn, kn, cos, sin, positions, positions + 1, slots)
+    expected = ops.rope_attention(*args, plain.k[0], plain.v[0], 1e-6, dim**-0.5, distinct_slots=True)
+    got = ops.rope_attention(
+        *args, coded.k[0], coded.v[0], 1e-6, dim**-0.5, distinct_slots=True, scales=scales
+    )
+    for cache, codes, scale in ((plain.k, coded.k, scales.k), (plain.v, coded.v, scales.v)):
+        written = reference.quantize_rows_fp8(cache[0][slots, :, positions].reshape(-1, dim))
+        assert torch.equal(codes[0][slots, :, positions].reshape(-1, dim).float(), written.codes.float())
+        assert torch.equal(scale[slots, :, positions].reshape(-1), written.scale)
+    assert 0 < float((got.float() - expected.float()).norm() / expected.float().norm()) < 0.1
+
+
 def test_samplers_fall_back_to_sample_with_uniform() -> None:
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 3072, generator=g) * 3

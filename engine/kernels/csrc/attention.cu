@@ -7,6 +7,9 @@
 // memory (one barrier; none when a single warp holds the whole cache, as for the code predictor's 16
 // positions). Pass 2 merges the splits (no pass 2 for a single split). For decode steps (distinct slots) pass 1 also does the q/k norm, RoPE and
 // cache write of the new token (rope_attention_kernel).
+// The cache is bf16 or e4m3 codes with a scale a row (kv_cache.cuh): the scales of a warp's 16 keys ride in
+// registers, one key a lane, and multiply the key's score and probability (the codes' dot products and P.V
+// sums are the same float32 sums as the bf16 cache's).
 // Splits past a row's length exit at once, so the grid can be sized for max_len (graph capture) and the
 // work still follows the real length; at many rows rope_attention's blocks take several splits each
 // (rope_attention_blocks_per_head), so fewer blocks exit. decode_attention's grid covers only its `span` first positions when
@@ -17,6 +20,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "launch.cuh"
 #include "launchers.h"
 #include "rope.cuh"
@@ -78,38 +82,59 @@ struct WarpPartial {
 // A warp's 16 keys and values in shared memory, the landing buffer of its asynchronous copies: the bytes a
 // block has in flight are bounded by shared memory, not by registers (the talker at 64 streams and long
 // contexts streams megabytes a layer and needs many blocks resident).
-template <int P>
+template <int P, typename T>
 struct WarpKeys {
-  __align__(16) bf16 k[kWarpKeys][64 * P];
-  __align__(16) bf16 v[kWarpKeys][64 * P];
+  __align__(16) T k[kWarpKeys][64 * P];
+  __align__(16) T v[kWarpKeys][64 * P];
+};
+
+// An e4m3 cache's scales of key (lane % 16) of a warp's keys (1.0 for a bf16 cache, where they are not used).
+struct KeyScales {
+  float k = 1.0f;
+  float v = 1.0f;
 };
 
 // Starts the copies of the warp's `keys` (<= 16; none when <= 0) keys and values from the cache rows at kb / vb
 // into the warp's `tile`, all but key `fresh` (the new token, when in range), which attend_warp takes from
 // registers. Issued after the new token's loads and before the RMSNorm + RoPE math on them, so that the
-// cache's latency overlaps that math and does not delay those loads.
-template <int P>
-__device__ __forceinline__ void copy_warp_keys(const bf16* __restrict__ kb, const bf16* __restrict__ vb, int keys,
-                                               int fresh, WarpKeys<P>& tile) {
+// cache's latency overlaps that math and does not delay those loads. For an e4m3 cache, also loads the scales
+// of the rows (`scales` points at the first row's), one key a lane, into the returned registers; key `fresh`'s
+// are stale until the caller sets them.
+template <int P, typename T>
+__device__ __forceinline__ KeyScales copy_warp_keys(const T* __restrict__ kb, const T* __restrict__ vb, int keys,
+                                                    int fresh, WarpKeys<P, T>& tile, const CacheScales& scales,
+                                                    int64_t first_row) {
   constexpr int D = 64 * P;
-  constexpr int kVecs = D / 8;  // 16-byte pieces of a row
+  constexpr int kPerVec = 16 / sizeof(T);  // elements in a 16-byte piece
+  constexpr int kVecs = D / kPerVec;       // 16-byte pieces of a row
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int i = lane; i < kWarpKeys * kVecs; i += 32) {
     const int row = i / kVecs, col = i % kVecs;
     if (row < keys && row != fresh) {
-      copy_async_16(&tile.k[row][col * 8], kb + row * D + col * 8);
-      copy_async_16(&tile.v[row][col * 8], vb + row * D + col * 8);
+      copy_async_16(&tile.k[row][col * kPerVec], kb + row * D + col * kPerVec);
+      copy_async_16(&tile.v[row][col * kPerVec], vb + row * D + col * kPerVec);
     }
   }
+  KeyScales s;
+  if constexpr (kScaledCache<T>) {
+    const int key = lane % kWarpKeys;
+    if (key < keys) {
+      s.k = scales.k[first_row + key];
+      s.v = scales.v[first_row + key];
+    }
+  }
+  return s;
 }
 
 // The warp's `keys` keys and values, those copy_warp_keys started plus key `fresh` from registers: scores
-// against the G queries q (this lane's slices, already scaled), softmax statistics and P.V.
-template <int P, int G>
+// against the G queries q (this lane's slices, already scaled), softmax statistics and P.V. `scales`: an e4m3
+// cache's, as copy_warp_keys returned them (with the fresh key's).
+template <int P, int G, typename T>
 __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 * P], int keys, int fresh,
-                                                        const HeadSlice<P>& fresh_k, const HeadSlice<P>& fresh_v,
-                                                        WarpKeys<P>& tile) {
+                                                        const CacheSlice<P, T>& fresh_k,
+                                                        const CacheSlice<P, T>& fresh_v, const KeyScales& scales,
+                                                        WarpKeys<P, T>& tile) {
   constexpr int NV = G * kWarpKeys;   // one score per (head, key)
   constexpr int kLanesPerScore = 32 / NV;
   constexpr int kSegment = 32 / G;    // lanes holding one head's scores
@@ -123,8 +148,8 @@ __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 *
   float s[NV];
 #pragma unroll
   for (int j = 0; j < kWarpKeys; ++j) {
-    HeadSlice<P> k{};
-    if (j < keys) k = load_slice<P>(tile.k[j]);  // rows past `keys` were never copied
+    CacheSlice<P, T> k{};
+    if (j < keys) k = load_cache_slice<P, T>(tile.k[j]);  // rows past `keys` were never copied
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float dot = 0.0f;
@@ -134,13 +159,19 @@ __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 *
     }
   }
   const int index = lane / kLanesPerScore;  // this lane's (head, key) = (index / 16, index % 16)
-  const float total = transposed_warp_sum<NV>(s);  // every lane takes part in the shuffles
+  float total = transposed_warp_sum<NV>(s);  // every lane takes part in the shuffles
+  float value_scale = 1.0f;  // the key's value scale, folded into its probability for P.V
+  if constexpr (kScaledCache<T>) {
+    total *= __shfl_sync(0xffffffffu, scales.k, index % kWarpKeys);
+    value_scale = __shfl_sync(0xffffffffu, scales.v, index % kWarpKeys);
+  }
   const float score = (index % kWarpKeys) < keys ? total : -CUDART_INF_F;
   float m = score;
 #pragma unroll
   for (int offset = kSegment / 2; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
   const float p = score == -CUDART_INF_F ? 0.0f : expf(score - m);
   float l = lane % kLanesPerScore == 0 ? p : 0.0f;
+  const float pv = kScaledCache<T> ? p * value_scale : p;
 #pragma unroll
   for (int offset = kSegment / 2; offset > 0; offset >>= 1) l += __shfl_xor_sync(0xffffffffu, l, offset);
 
@@ -155,10 +186,10 @@ __device__ __forceinline__ WarpPartial<P, G> attend_warp(const float (&q)[G][2 *
 #pragma unroll
   for (int j = 0; j < kWarpKeys; ++j) {
     if (j >= keys) break;
-    const HeadSlice<P> v = load_slice<P>(tile.v[j]);
+    const CacheSlice<P, T> v = load_cache_slice<P, T>(tile.v[j]);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const float pj = __shfl_sync(0xffffffffu, p, (g * kWarpKeys + j) * kLanesPerScore);
+      const float pj = __shfl_sync(0xffffffffu, pv, (g * kWarpKeys + j) * kLanesPerScore);
 #pragma unroll
       for (int e = 0; e < 2 * P; ++e) out.acc[g][e] = fmaf(pj, v.at(e), out.acc[g][e]);
     }
@@ -255,13 +286,12 @@ __device__ __forceinline__ void finish_split(const WarpPartial<P, G>& w, const S
   }
 }
 
-template <int D, int G, int W>
+template <int D, int G, int W, typename T>
 __global__ void __launch_bounds__(W * 32)
     attention_split_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
-                           const bf16* __restrict__ k_cache,
-                           const bf16* __restrict__ v_cache, const int64_t* __restrict__ slots,
-                           const int64_t* __restrict__ lengths, int q_heads, int kv_heads, int max_len,
-                           int num_splits, float scale) {
+                           const T* __restrict__ k_cache, const T* __restrict__ v_cache, CacheScales scales,
+                           const int64_t* __restrict__ slots, const int64_t* __restrict__ lengths, int q_heads,
+                           int kv_heads, int max_len, int num_splits, float scale) {
   constexpr int P = D / 64;
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5;
@@ -278,22 +308,25 @@ __global__ void __launch_bounds__(W * 32)
     }
     return;
   }
-  const int64_t key0 = ((slot * kv_heads + kvh) * max_len + start + warp * kWarpKeys) * D;
-  __shared__ WarpKeys<P> tiles[W];
+  const int64_t row0 = (slot * kv_heads + kvh) * max_len + start + warp * kWarpKeys;
+  const int64_t key0 = row0 * D;
+  __shared__ WarpKeys<P, T> tiles[W];
   HeadSlice<P> q_heads_raw[G];  // loaded before the copies are issued, as in rope_attention_kernel
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     q_heads_raw[g] = load_slice<P>(q + (static_cast<int64_t>(b) * q_heads + kvh * G + g) * D);
   }
-  copy_warp_keys<P>(k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, tiles[warp]);
+  const KeyScales key_scales =
+      copy_warp_keys<P, T>(k_cache + key0, v_cache + key0, count - warp * kWarpKeys, -1, tiles[warp], scales, row0);
   float qs[G][2 * P];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int e = 0; e < 2 * P; ++e) qs[g][e] = q_heads_raw[g].at(e) * scale;
   }
-  const HeadSlice<P> none{};
-  const WarpPartial<P, G> w = attend_warp<P, G>(qs, count - warp * kWarpKeys, -1, none, none, tiles[warp]);
+  const CacheSlice<P, T> none{};
+  const WarpPartial<P, G> w =
+      attend_warp<P, G, T>(qs, count - warp * kWarpKeys, -1, none, none, key_scales, tiles[warp]);
   finish_split<P, G, W>(w, o);
 }
 
@@ -305,15 +338,15 @@ __global__ void __launch_bounds__(W * 32)
 // attends them from registers; the older keys and values come from the cache (another row's block never
 // writes them: distinct slots). Each split's partial is computed and written as with a block of its own, so
 // the values are those of qk_norm_rope_cache then decode_attention, bit for bit, one dependent kernel fewer.
-template <int D, int G, int W>
+template <int D, int G, int W, typename T>
 __global__ void __launch_bounds__(W * 32)
     rope_attention_kernel(float* __restrict__ ws, bf16* __restrict__ out, const bf16* __restrict__ q,
                           const bf16* __restrict__ k, const bf16* __restrict__ v, int q_stride, int k_stride,
                           int v_stride, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
                           const bf16* __restrict__ cos_table, const bf16* __restrict__ sin_table,
                           const int64_t* __restrict__ positions, const int64_t* __restrict__ slots,
-                          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int q_heads, int kv_heads,
-                          int max_len, int num_splits, float eps, float scale) {
+                          T* __restrict__ k_cache, T* __restrict__ v_cache, CacheScales scales, int q_heads,
+                          int kv_heads, int max_len, int num_splits, float eps, float scale) {
   constexpr int P = D / 64;
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5;
@@ -326,11 +359,11 @@ __global__ void __launch_bounds__(W * 32)
   const HeadSlice<P> sin = load_slice<P, kBeforeWait>(sin_table + static_cast<int64_t>(pos) * D);
   const HeadSlice<P> q_weight = load_slice<P, kBeforeWait>(q_norm);
   const HeadSlice<P> k_weight = load_slice<P, kBeforeWait>(k_norm);
-  const int64_t warp_keys0 = ((slot * kv_heads + kvh) * max_len + warp * kWarpKeys) * D;
+  const int64_t warp_row0 = (slot * kv_heads + kvh) * max_len + warp * kWarpKeys;
   // The new token's key and value belong to one warp of the block whose splits include the one holding pos.
   const bool holds_fresh = (pos / kTile) % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x) &&
                            (pos % kTile) / kWarpKeys == warp;
-  __shared__ WarpKeys<P> tiles[W];
+  __shared__ WarpKeys<P, T> tiles[W];
   begin_dependent_kernel();
   // The new token's loads go out first, then the first split's cache copies, and the RMSNorm + RoPE math runs
   // while both are in flight: copies issued before these loads delayed them (4- to 16-row frames 0.5-1.3%
@@ -347,12 +380,12 @@ __global__ void __launch_bounds__(W * 32)
   }
   const auto copy_split = [&](int split) {
     const int start = split * kTile;
-    const int64_t key0 = warp_keys0 + static_cast<int64_t>(start) * D;
-    copy_warp_keys<P>(k_cache + key0, v_cache + key0, min(kTile, pos + 1 - start) - warp * kWarpKeys,
-                      pos - start - warp * kWarpKeys, tiles[warp]);
+    const int64_t row0 = warp_row0 + start;
+    return copy_warp_keys<P, T>(k_cache + row0 * D, v_cache + row0 * D, min(kTile, pos + 1 - start) - warp * kWarpKeys,
+                                pos - start - warp * kWarpKeys, tiles[warp], scales, row0);
   };
   int split = blockIdx.x;
-  copy_split(split);
+  KeyScales key_scales = copy_split(split);
   float qs[G][2 * P];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -361,24 +394,27 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int e = 0; e < 2 * P; ++e) qs[g][e] = h.at(e) * scale;
   }
+  CacheSlice<P, T> stored_k{}, stored_v{};  // the new token's K/V as the cache holds them
+  KeyScales fresh_scales;
   if (holds_fresh) {
     norm_rope_slice<P>(fresh_k, k_weight, cos, sin, eps, fresh_k.lo, fresh_k.hi);
     const int64_t cache_row = ((slot * kv_heads + kvh) * max_len + pos) * D;
-    store_slice<P>(k_cache + cache_row, fresh_k);
-    store_slice<P>(v_cache + cache_row, fresh_v);
+    fresh_scales.k = write_cache_row<P, T>(k_cache, scales.k, cache_row, fresh_k, stored_k);
+    fresh_scales.v = write_cache_row<P, T>(v_cache, scales.v, cache_row, fresh_v, stored_v);
   }
   for (;;) {
     const int start = split * kTile;
     const int count = min(kTile, pos + 1 - start);
     const SplitOutput o = split_output<D, G>(ws, out, q_heads, num_splits, split);
     const int fresh = pos - start - warp * kWarpKeys;  // the new token's key in this warp's keys, when in [0, 16)
-    const WarpPartial<P, G> w = attend_warp<P, G>(qs, count - warp * kWarpKeys, fresh, fresh_k, fresh_v,
-                                                  tiles[warp]);
+    if (kScaledCache<T> && (threadIdx.x & 31) % kWarpKeys == fresh) key_scales = fresh_scales;
+    const WarpPartial<P, G> w = attend_warp<P, G, T>(qs, count - warp * kWarpKeys, fresh, stored_k, stored_v,
+                                                     key_scales, tiles[warp]);
     finish_split<P, G, W>(w, o);
     split += gridDim.x;
     if (split * kTile > pos) break;
     __syncthreads();  // the last split's tiles and scratch are read
-    copy_split(split);
+    key_scales = copy_split(split);
   }
 }
 
@@ -483,13 +519,18 @@ int decode_attention_splits(int max_len, int split_len) {
   return (max_len + kTile - 1) / kTile;
 }
 
-// Calls launch(D, G, W) as a compile-time triple for the supported head dims (64, 128), GQA groups (1, 2)
-// and warps per block (1 or 4, block_warps); false for anything else.
+// Calls launch(D, G, W, T) as compile-time values for the supported head dims (64, 128), GQA groups (1, 2),
+// warps per block (1 or 4, block_warps) and cache elements (bf16, or e4m3 codes when `scaled`); false for
+// anything else.
 template <typename Launch>
-bool dispatch_attention(int head_dim, int groups, int warps, Launch&& launch) {
+bool dispatch_attention(int head_dim, int groups, int warps, bool scaled, Launch&& launch) {
 #define Q3TTS_CASE(D, G, W)                                                                     \
   if (head_dim == D && groups == G && warps == W) {                                             \
-    launch(std::integral_constant<int, D>{}, std::integral_constant<int, G>{}, std::integral_constant<int, W>{}); \
+    if (scaled) {                                                                               \
+      launch(std::integral_constant<int, D>{}, std::integral_constant<int, G>{}, std::integral_constant<int, W>{}, fp8{}); \
+    } else {                                                                                    \
+      launch(std::integral_constant<int, D>{}, std::integral_constant<int, G>{}, std::integral_constant<int, W>{}, bf16{}); \
+    }                                                                                           \
     return true;                                                                                \
   }
   Q3TTS_CASE(128, 2, 1) Q3TTS_CASE(128, 2, 4) Q3TTS_CASE(128, 1, 1) Q3TTS_CASE(128, 1, 4)
@@ -499,17 +540,20 @@ bool dispatch_attention(int head_dim, int groups, int warps, Launch&& launch) {
 }
 
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
-                             const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
-                             int q_heads, int kv_heads, int head_dim, int max_len, int span, int split_len,
-                             float scale, cudaStream_t stream) {
+                             const float* k_scale, const float* v_scale, const int64_t* slots,
+                             const int64_t* lengths, float* workspace, int batch, int q_heads, int kv_heads,
+                             int head_dim, int max_len, int span, int split_len, float scale, cudaStream_t stream) {
   if (split_len != kTile || q_heads % kv_heads != 0 || span < 1 || span > max_len) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int splits = decode_attention_splits(span, split_len);
   const int warps = block_warps(max_len);
   const dim3 grid(splits, kv_heads, batch);
-  const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {
-    launch_kernel(attention_split_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
-                  static_cast<const bf16*>(q), static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache),
+  const CacheScales scales{const_cast<float*>(k_scale), const_cast<float*>(v_scale)};
+  const bool scaled = k_scale != nullptr;
+  const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, scaled, [&](auto d, auto g, auto w, auto t) {
+    using T = decltype(t);
+    launch_kernel(attention_split_kernel<d, g, w, T>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
+                  static_cast<const bf16*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), scales,
                   slots, lengths, q_heads, kv_heads, max_len, splits, scale);
   });
   if (!supported) return cudaErrorInvalidValue;
@@ -521,20 +565,23 @@ cudaError_t decode_attention(void* out, const void* q, const void* k_cache, cons
 cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
                            int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
                            const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
-                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
-                           float eps, float scale, cudaStream_t stream) {
+                           void* v_cache, float* k_scale, float* v_scale, int batch, int q_heads, int kv_heads,
+                           int head_dim, int max_len, float eps, float scale, cudaStream_t stream) {
   if (q_heads % kv_heads != 0) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   const int splits = decode_attention_splits(max_len, kTile);
   if (splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
   const int warps = block_warps(max_len);
   const dim3 grid(rope_attention_blocks_per_head(splits, kv_heads, batch), kv_heads, batch);
-  const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, [&](auto d, auto g, auto w) {
-    launch_kernel(rope_attention_kernel<d, g, w>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
+  const CacheScales scales{k_scale, v_scale};
+  const bool scaled = k_scale != nullptr;
+  const bool supported = dispatch_attention(head_dim, q_heads / kv_heads, warps, scaled, [&](auto d, auto g, auto w, auto t) {
+    using T = decltype(t);
+    launch_kernel(rope_attention_kernel<d, g, w, T>, grid, dim3(w * 32), stream, workspace, static_cast<bf16*>(out),
                   static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), q_stride,
                   k_stride, v_stride, static_cast<const bf16*>(q_norm), static_cast<const bf16*>(k_norm),
                   static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), positions, slots,
-                  static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), q_heads, kv_heads, max_len, splits, eps,
+                  static_cast<T*>(k_cache), static_cast<T*>(v_cache), scales, q_heads, kv_heads, max_len, splits, eps,
                   scale);
   });
   if (!supported) return cudaErrorInvalidValue;

@@ -101,29 +101,61 @@ void rms_norm_fp8(at::Tensor codes, at::Tensor scale, at::Tensor x, c10::optiona
      "rms_norm_fp8");
 }
 
-// The checks shared by the ops that norm and rope one new token per row and write its K/V to the cache.
-void check_rope_inputs(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm,
-                       at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
-                       at::Tensor v_cache) {
-  for (auto* t : {&q, &k, &v, &q_norm, &k_norm, &cos, &sin, &k_cache, &v_cache}) {
+// The rows' scales of one layer's K/V caches: null for bf16 caches; for e4m3 caches (kv_cache.cuh) the
+// contiguous float32 [slots, kv_heads, max_len] tensors `scales` must hold.
+struct CacheScalePointers {
+  float* k;
+  float* v;
+};
+
+CacheScalePointers check_caches(const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "caches must be contiguous [slots, kv_heads, max_len, head_dim]");
+  TORCH_CHECK(k_scale.has_value() == v_scale.has_value(), "give both cache scales or neither");
+  if (!k_scale.has_value()) {
+    check(k_cache, "k_cache", at::kBFloat16);
+    check(v_cache, "v_cache", at::kBFloat16);
+    return {nullptr, nullptr};
+  }
+  check(k_cache, "k_cache", at::kFloat8_e4m3fn);
+  check(v_cache, "v_cache", at::kFloat8_e4m3fn);
+  for (const auto* s : {&*k_scale, &*v_scale}) {
+    check(*s, "cache scales", at::kFloat);
+    TORCH_CHECK(s->is_contiguous() && s->sizes() == k_cache.sizes().slice(0, 3),
+                "cache scales must be contiguous [slots, kv_heads, max_len]");
+  }
+  return {k_scale->data_ptr<float>(), v_scale->data_ptr<float>()};
+}
+
+// The checks shared by the ops that norm and rope one new token per row and write its K/V to the cache;
+// returns the caches' scale pointers (check_caches).
+CacheScalePointers check_rope_inputs(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_norm, at::Tensor k_norm,
+                                     at::Tensor cos, at::Tensor sin, at::Tensor positions, at::Tensor slots,
+                                     at::Tensor k_cache, at::Tensor v_cache, const c10::optional<at::Tensor>& k_scale,
+                                     const c10::optional<at::Tensor>& v_scale) {
+  for (auto* t : {&q, &k, &v, &q_norm, &k_norm, &cos, &sin}) {
     check(*t, "tensor", at::kBFloat16);
   }
   check(positions, "positions", at::kLong);
   check(slots, "slots", at::kLong);
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "caches must be contiguous [slots, kv_heads, max_len, head_dim]");
+  const CacheScalePointers scales = check_caches(k_cache, v_cache, k_scale, v_scale);
   const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
   TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2, "q, k, v must be [batch, heads * head_dim]");
   TORCH_CHECK(q.stride(1) == 1 && k.stride(1) == 1 && v.stride(1) == 1, "q, k, v need unit inner stride");
   TORCH_CHECK(k.size(1) == kv_heads * head_dim && v.size(1) == kv_heads * head_dim, "k/v width mismatch");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(-1) == head_dim, "cos/sin tables");
   TORCH_CHECK(positions.numel() == batch && slots.numel() == batch, "positions/slots must be [batch]");
+  return scales;
 }
 
 void qk_norm_rope_cache(at::Tensor q_out, c10::optional<at::Tensor> k_out, at::Tensor q, at::Tensor k,
                         at::Tensor v, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin,
-                        at::Tensor positions, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps) {
-  check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
+                        at::Tensor positions, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps,
+                        c10::optional<at::Tensor> k_scale, c10::optional<at::Tensor> v_scale) {
+  const CacheScalePointers scales =
+      check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, k_scale, v_scale);
   check(q_out, "q_out", at::kBFloat16);
   TORCH_CHECK(q_out.is_contiguous() && q_out.numel() == q.numel(), "q_out must be contiguous like q");
   void* keys = nullptr;
@@ -137,7 +169,8 @@ void qk_norm_rope_cache(at::Tensor q_out, c10::optional<at::Tensor> k_out, at::T
   ok(q3tts::qk_norm_rope_cache(q_out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0),
                                k.stride(0), v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(),
                                sin.data_ptr(), positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
-                               k_cache.data_ptr(), v_cache.data_ptr(), keys, batch, q.size(1) / head_dim,
+                               k_cache.data_ptr(), v_cache.data_ptr(), scales.k, scales.v, keys, batch,
+                               q.size(1) / head_dim,
                                kv_heads, head_dim, k_cache.size(2), static_cast<float>(eps), stream()),
      "qk_norm_rope_cache");
 }
@@ -148,8 +181,10 @@ int64_t decode_attention_workspace(int64_t batch, int64_t q_heads, int64_t head_
 
 void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Tensor q, at::Tensor k, at::Tensor v,
                     at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin, at::Tensor positions,
-                    at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps, double scale) {
-  check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache);
+                    at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, double eps, double scale,
+                    c10::optional<at::Tensor> k_scale, c10::optional<at::Tensor> v_scale) {
+  const CacheScalePointers scales =
+      check_rope_inputs(q, k, v, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, k_scale, v_scale);
   check(out, "out", at::kBFloat16);
   TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel(), "out must be contiguous like q");
   const int64_t batch = q.size(0), head_dim = k_cache.size(3), kv_heads = k_cache.size(1);
@@ -166,26 +201,27 @@ void rope_attention(at::Tensor out, c10::optional<at::Tensor> workspace, at::Ten
   ok(q3tts::rope_attention(out.data_ptr(), ws, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
                            v.stride(0), q_norm.data_ptr(), k_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                            positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr(),
-                           v_cache.data_ptr(), batch, q_heads, kv_heads, head_dim, k_cache.size(2),
+                           v_cache.data_ptr(), scales.k, scales.v, batch, q_heads, kv_heads, head_dim, k_cache.size(2),
                            static_cast<float>(eps), static_cast<float>(scale), stream()),
      "rope_attention");
 }
 
 void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
-                      at::Tensor lengths, at::Tensor workspace, double scale, int64_t span) {
-  for (auto* t : {&out, &q, &k_cache, &v_cache}) check(*t, "tensor", at::kBFloat16);
+                      at::Tensor lengths, at::Tensor workspace, double scale, int64_t span,
+                      c10::optional<at::Tensor> k_scale, c10::optional<at::Tensor> v_scale) {
+  for (auto* t : {&out, &q}) check(*t, "tensor", at::kBFloat16);
+  const CacheScalePointers scales = check_caches(k_cache, v_cache, k_scale, v_scale);
   check(slots, "slots", at::kLong);
   check(lengths, "lengths", at::kLong);
   check(workspace, "workspace", at::kFloat);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && out.is_contiguous(), "q/out must be contiguous [B, heads, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   const int64_t batch = q.size(0), q_heads = q.size(1), head_dim = q.size(2);
   TORCH_CHECK(span >= 1 && span <= k_cache.size(2), "span must be in 1..cache positions");
   TORCH_CHECK(workspace.numel() >= decode_attention_workspace(batch, q_heads, head_dim, span),
               "workspace too small");
   const c10::cuda::CUDAGuard guard(q.device());
-  ok(q3tts::decode_attention(out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                             slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), workspace.data_ptr<float>(),
+  ok(q3tts::decode_attention(out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales.k,
+                             scales.v, slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), workspace.data_ptr<float>(),
                              batch, q_heads, k_cache.size(1), head_dim, k_cache.size(2), span, 64,
                              static_cast<float>(scale), stream()),
      "decode_attention");

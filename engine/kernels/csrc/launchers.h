@@ -28,12 +28,14 @@ cudaError_t rms_norm_fp8(void* codes, float* scale, const void* x, void* residua
 
 // Per-head q/k RMSNorm (fp32 statistics), rotate-half RoPE from bf16 cos/sin tables [positions, D],
 // then K/V written to cache[slot, kv_head, position, :]. q/k/v rows are `*_stride` elements apart.
-// q_out is [batch, q_heads, D]. Caches are one layer's [slots, kv_heads, max_len, D]. k_out (nullable):
-// the roped keys also as [batch, kv_heads, D].
+// q_out is [batch, q_heads, D]. Caches are one layer's [slots, kv_heads, max_len, D]: bf16, or e4m3 codes
+// when k_scale / v_scale (their rows' scales, [slots, kv_heads, max_len]) are given (kv_cache.cuh). k_out
+// (nullable): the roped keys also as [batch, kv_heads, D], in bf16.
 cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const void* v, int q_stride,
                                int k_stride, int v_stride, const void* q_norm, const void* k_norm,
                                const void* cos, const void* sin, const int64_t* positions,
-                               const int64_t* slots, void* k_cache, void* v_cache, void* k_out, int batch,
+                               const int64_t* slots, void* k_cache, void* v_cache, float* k_scale,
+                               float* v_scale, void* k_out, int batch,
                                int q_heads, int kv_heads, int head_dim, int max_len, float eps,
                                cudaStream_t stream);
 
@@ -41,11 +43,11 @@ cudaError_t qk_norm_rope_cache(void* q_out, const void* q, const void* k, const 
 // q [batch, q_heads, D]; out [batch, q_heads, D]; workspace holds batch*q_heads*num_splits(span)*(D+2) floats.
 // The grid covers the first `span` (<= max_len) positions, so every lengths[b] must be <= span; the result
 // does not depend on span (a split's partial depends only on its own keys, and a single live split merges
-// to exactly its own normalised output).
+// to exactly its own normalised output). Caches (and k_scale / v_scale) as qk_norm_rope_cache's.
 cudaError_t decode_attention(void* out, const void* q, const void* k_cache, const void* v_cache,
-                             const int64_t* slots, const int64_t* lengths, float* workspace, int batch,
-                             int q_heads, int kv_heads, int head_dim, int max_len, int span, int split_len,
-                             float scale, cudaStream_t stream);
+                             const float* k_scale, const float* v_scale, const int64_t* slots,
+                             const int64_t* lengths, float* workspace, int batch, int q_heads, int kv_heads,
+                             int head_dim, int max_len, int span, int split_len, float scale, cudaStream_t stream);
 int decode_attention_splits(int max_len, int split_len);
 
 // qk_norm_rope_cache then decode_attention in one kernel (plus the merge kernel when max_len > 64), for
@@ -55,8 +57,8 @@ int decode_attention_splits(int max_len, int split_len);
 cudaError_t rope_attention(void* out, float* workspace, const void* q, const void* k, const void* v, int q_stride,
                            int k_stride, int v_stride, const void* q_norm, const void* k_norm, const void* cos,
                            const void* sin, const int64_t* positions, const int64_t* slots, void* k_cache,
-                           void* v_cache, int batch, int q_heads, int kv_heads, int head_dim, int max_len,
-                           float eps, float scale, cudaStream_t stream);
+                           void* v_cache, float* k_scale, float* v_scale, int batch, int q_heads, int kv_heads,
+                           int head_dim, int max_len, float eps, float scale, cudaStream_t stream);
 
 // The talker's decode-step input: out[r] = bf16(bf16(sum_j E_j[codes[r, j]]) + text[r]) over the `groups`
 // codebooks, E_0 = first_table [first_vocab, width] and E_j = tables[j - 1] ([groups - 1, vocab, width]), the sum

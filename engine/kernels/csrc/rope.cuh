@@ -41,8 +41,9 @@ __device__ __forceinline__ HeadSlice<P> load_slice(const bf16* __restrict__ row)
 // load_slice's kBeforeWait, named at the call.
 constexpr bool kBeforeWait = true;
 
-template <int P>
-__device__ __forceinline__ void store_slice(bf16* __restrict__ row, const HeadSlice<P>& s) {
+// Stores a lane's slice (a HeadSlice, or kv_cache.cuh's codes) into a row of the slice's element type.
+template <int P, typename T, typename Slice>
+__device__ __forceinline__ void store_slice(T* __restrict__ row, const Slice& s) {
   constexpr int H = 32 * P;
   const int first = (threadIdx.x & 31) * P;
 #pragma unroll
