@@ -78,6 +78,9 @@ class Mode:
     `reference.quantize_rows_fp8` does and attend over the codes times their scales): half the bytes the
     decode attention streams, which at 64 streams was bandwidth-bound (Nsight Compute, run 178: 21.5 us a
     layer at ~1.9 TB/s, a quarter of the talker's kernel time). The predictor's 16-position cache stays bf16.
+    Runs 179-180 (H100, two rounds): 64-row frames 4.135 / 4.098 -> 4.102 / 4.095 ms, 16 rows -1.6%, the
+    lockstep aggregate -0.3 / -0.9%; alone the attention 21.4 -> 19.5 us at half the DRAM bytes, now bound
+    by its instructions (the codes' conversions and scales), which is what a further gain must cut.
 
     norm_in_gemv: on the GEMV path the RMSNorm before a block's qkv and gate/up projections is computed by
     the GEMV's own blocks (`ops.rms_norm_linear`) instead of by a kernel of its own. Off only in A/B runs
