@@ -3,10 +3,11 @@
 # - tree attn (`attention-instructions.patch`): an e4m3 cache's codes loaded and converted two at a time
 #   (kv_cache.cuh's `load_cache_row`), and the warps past a row's length on `empty_partial` at once; the same
 #   values bit for bit;
-# - tree attnmma (that patch, then `attention-tensor-cores.patch`): the talker's e4m3 attention on tensor cores
-#   (`attend_warp_mma`: mma.m16n8k16 over the codes as f16, the queries and P' rounded to f16).
-# Both trees' kernel device tests, attnmma's graph parity (its fast-mode figures move), then frame_time.py for the
-# checkout and both trees (ROUNDS, default 2, interleaved).
+# - tree attnmma (that patch, then `attention-tensor-cores.patch`): the talker's and the predictor's attention on
+#   tensor cores (`attend_warp_mma`: mma.m16n8k16; e4m3 codes as f16 with the queries and P' rounded to f16, a
+#   bf16 cache with the queries and probabilities as bf16 high and low parts).
+# Both trees' kernel device tests, attnmma's graph parity (its figures move in both modes), then frame_time.py for
+# the checkout and both trees (ROUNDS, default 2, interleaved).
 . benchmarks/device/pending/trees.sh
 PHASES="setup" BUDGET_S=60 bash benchmarks/device/run_all.sh 2>&1 | tail -2
 make_tree attn attention-instructions.patch

@@ -1,5 +1,6 @@
 """Lane-level emulation of `attention-tensor-cores.patch`'s `attend_warp_mma` (its fragment index math only)
-against the direct attention of the same 16 keys: run on the CPU before the patch meets a device.
+against the direct attention of the same 16 keys, over e4m3 codes and over a bf16 cache (the queries and
+probabilities as bf16 high and low parts): run on the CPU before the patch meets a device.
 
 Why: the patch's risk is its fragment layouts, which nothing here can execute. The emulation follows the
 kernel line for line (which bytes a lane loads, which halves go into which register, which lanes shuffle
@@ -45,6 +46,25 @@ def mma(a_of: list[list[Pair]], b_of: list[tuple[Pair, Pair]], c: Fragments) -> 
     }
 
 
+def round_bf16(x: float) -> float:
+    """x rounded to bf16 (nearest even), as the kernel's `round_bf` rounds it."""
+    bits = int(np.array(x, dtype=np.float32).view(np.uint32))
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(bits, dtype=np.uint32).view(np.float32))
+
+
+def parts(x: float, codes: bool) -> list[float]:
+    """The operand parts the kernel multiplies: x itself (e4m3 cache, f16), or its bf16 high and low parts."""
+    return [x] if codes else [round_bf16(x), x - round_bf16(x)]
+
+
+def value_dim(g: int, mt: int, codes: bool) -> int:
+    """The first of the two dims that P.V tile mt's rows g and g + 8 stand for (the kernel's `value_dim`)."""
+    if codes:
+        return 16 * g + 2 * mt
+    return 8 * g + 2 * mt if mt < 4 else 64 + 8 * g + 2 * (mt - 4)
+
+
 def attend(
     q: NDArray[np.float64],
     k: NDArray[np.float64],
@@ -52,15 +72,17 @@ def attend(
     key_scale: NDArray[np.float64],
     value_scale: NDArray[np.float64],
     keys: int,
+    codes: bool,
 ) -> tuple[NDArray[np.float64], list[float], list[float]]:
-    """attend_warp_mma's unnormalised P.V [heads, D], max and sum per head, as its lanes compute them."""
+    """attend_warp_mma's unnormalised P.V [heads, D], max and sum per head, as its lanes compute them, over
+    e4m3 codes (`codes`) or a bf16 cache."""
     zero: Pair = (0.0, 0.0)
     scores: Fragments = {lane: [0.0] * 4 for lane in range(LANES)}
-    for step in range(8):  # k-step s: dims 32 t + 4 s + {0, 1} as k (2t, 2t+1), + {2, 3} as (2t + 8, 2t + 9)
+    for step in range(8):  # k-step s: dims b + {0, 1} as k (2t, 2t+1), b + {2, 3} as (2t + 8, 2t + 9)
         a_of, b_of = [], []
         for lane in range(LANES):
             g, t = lane >> 2, lane & 3
-            base = 32 * t + 4 * step
+            base = 32 * t + 4 * step if codes else 8 * t + 32 * (step // 2) + 4 * (step % 2)
             a_of.append(
                 [
                     (k[row, base + hi], k[row, base + hi + 1])
@@ -72,7 +94,9 @@ def attend(
                 if g < HEADS
                 else (zero, zero)
             )
-        scores = mma(a_of, b_of, scores)
+        for part in range(1 if codes else 2):  # the queries' parts, one product each
+            b_part = [tuple((parts(x, codes)[part], parts(y, codes)[part]) for x, y in b) for b in b_of]
+            scores = mma(a_of, b_part, scores)  # type: ignore[arg-type]
     score: Fragments = {}
     for lane in range(LANES):
         g = lane >> 2
@@ -111,43 +135,55 @@ def attend(
         x0, x1, y0, y1 = key_g_word[8 * t], key_g_word[8 * t + 4], key_g8_word[8 * t], key_g8_word[8 * t + 4]
         probabilities.append(((x0[g], x1[g]), (y0[g], y1[g])))
     out = np.full((HEADS, D), np.nan)
-    for mt in range(8):  # tile mt's rows g, g + 8: dims 16 g + 2 mt, + 1
+    for mt in range(8):  # tile mt's rows g, g + 8: dims value_dim and + 1
         a_of = []
         for lane in range(LANES):
             g, t = lane >> 2, lane & 3
-            codes = []
+            pairs = []
             for i in range(4):
                 key = 2 * t + (i & 1) + 8 * (i >> 1)
-                codes.append((v[key, 16 * g + 2 * mt], v[key, 16 * g + 2 * mt + 1]) if key < keys else zero)
+                dim = value_dim(g, mt, codes)
+                pairs.append((v[key, dim], v[key, dim + 1]) if key < keys else zero)
             a_of.append(
                 [
-                    (codes[0][0], codes[1][0]),
-                    (codes[0][1], codes[1][1]),
-                    (codes[2][0], codes[3][0]),
-                    (codes[2][1], codes[3][1]),
+                    (pairs[0][0], pairs[1][0]),
+                    (pairs[0][1], pairs[1][1]),
+                    (pairs[2][0], pairs[3][0]),
+                    (pairs[2][1], pairs[3][1]),
                 ]
             )
-        acc = mma(a_of, probabilities, {lane: [0.0] * 4 for lane in range(LANES)})
+        acc: Fragments = {lane: [0.0] * 4 for lane in range(LANES)}
+        for part in range(1 if codes else 2):  # P' parts, one product each
+            b_part = [
+                tuple((parts(x, codes)[part], parts(y, codes)[part]) for x, y in b) for b in probabilities
+            ]
+            acc = mma(a_of, b_part, acc)  # type: ignore[arg-type]
         for g in range(8):
-            lane = 4 * g
-            out[0, 16 * g + 2 * mt], out[0, 16 * g + 2 * mt + 1] = acc[lane][0], acc[lane][2]
-            out[1, 16 * g + 2 * mt], out[1, 16 * g + 2 * mt + 1] = acc[lane][1], acc[lane][3]
+            lane, dim = 4 * g, value_dim(g, mt, codes)
+            out[0, dim], out[0, dim + 1] = acc[lane][0], acc[lane][2]
+            out[1, dim], out[1, dim + 1] = acc[lane][1], acc[lane][3]
     return out, m[0], total[0]
 
 
 def main() -> int:
     rng = np.random.default_rng(0)
-    for keys in (1, 5, 9, 16):
-        k, v = rng.standard_normal((WARP_KEYS, D)), rng.standard_normal((WARP_KEYS, D))
-        key_scale, value_scale = rng.uniform(0.5, 2.0, WARP_KEYS), rng.uniform(0.5, 2.0, WARP_KEYS)
-        q = rng.standard_normal((HEADS, D))
-        out, m, total = attend(q, k, v, key_scale, value_scale, keys)
-        s = (q @ k[:keys].T) * key_scale[:keys]
-        p = np.exp(s - s.max(1, keepdims=True))
-        expected = (p * value_scale[:keys]) @ v[:keys]
-        error = float(np.abs(out - expected).max())
-        assert np.allclose(out, expected) and np.allclose(m, s.max(1)) and np.allclose(total, p.sum(1)), keys
-        print(f"{keys} keys: the lanes' P.V, max and sum match the direct attention ({error:.1e})")
+    for codes in (True, False):
+        for keys in (1, 5, 9, 16):
+            k, v = rng.standard_normal((WARP_KEYS, D)), rng.standard_normal((WARP_KEYS, D))
+            ones = np.ones(WARP_KEYS)  # a bf16 cache has no scales
+            key_scale = rng.uniform(0.5, 2.0, WARP_KEYS) if codes else ones
+            value_scale = rng.uniform(0.5, 2.0, WARP_KEYS) if codes else ones
+            q = rng.standard_normal((HEADS, D))
+            out, m, total = attend(q, k, v, key_scale, value_scale, keys, codes)
+            s = (q @ k[:keys].T) * key_scale[:keys]
+            p = np.exp(s - s.max(1, keepdims=True))
+            expected = (p * value_scale[:keys]) @ v[:keys]
+            error = float(np.abs(out - expected).max())
+            assert np.allclose(out, expected) and np.allclose(m, s.max(1)) and np.allclose(total, p.sum(1))
+            cache = "e4m3" if codes else "bf16"
+            print(
+                f"{cache}, {keys} keys: the lanes' P.V, max and sum match the direct attention ({error:.1e})"
+            )
     return 0
 
 
