@@ -122,6 +122,13 @@ class KVCache:
     v: Tensor
     scales: CacheScales | None = None
 
+    @staticmethod
+    def position_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """The bytes one position of one slot takes in a pool `allocate` makes: its keys and values in every
+        layer and KV head, with an e4m3 pool's float32 scale a row."""
+        scale = 4 if dtype == torch.float8_e4m3fn else 0
+        return 2 * layers * kv_heads * (head_dim * dtype.itemsize + scale)
+
     @classmethod
     def allocate(
         cls,

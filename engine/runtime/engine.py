@@ -97,6 +97,7 @@ class VoiceDesignEngine:
         max_sessions: int = 8,
         max_context: int = 4096,
         scratch_slots: int = 0,
+        fp8_cache: bool = False,
     ) -> None:
         self.config = config
         self.talker = talker
@@ -106,10 +107,11 @@ class VoiceDesignEngine:
         self.max_sessions = max_sessions
         self.max_context = max_context
         self.device = talker.codec_embedding.device
-        self.cache = talker.new_cache(max_sessions + scratch_slots, max_context)
+        self.cache = talker.new_cache(max_sessions + scratch_slots, max_context, fp8=fp8_cache)
         """KV pool: slots 0..max_sessions-1 belong to sessions; `scratch_slots` more (the graphs' padding
-        rows) are allocated up front when the engine will be accelerated, so installing them reallocates
-        nothing."""
+        rows) are allocated up front when the engine will be accelerated, and the pool is e4m3 from the start
+        (`fp8_cache`) when its mode keeps one (`Mode.kv_cache_fp8`), so installing the graphs reallocates
+        nothing: no second pool beside the first while the graphs are installed."""
         self.slot_state = SlotState.zeros(
             max_sessions + scratch_slots,
             config.talker.num_code_groups,
@@ -151,7 +153,8 @@ class VoiceDesignEngine:
         """
         from . import accelerate as fast_paths
 
-        accelerated = torch.device(device).type == "cuda" if accelerate is None else accelerate
+        on_cuda = torch.device(device).type == "cuda"
+        accelerated = on_cuda if accelerate is None else accelerate
         chosen = resolve_mode(mode) if accelerated and not isinstance(mode, Mode) else mode
         if codec_dtype is None:
             codec_dtype = chosen.codec_dtype if isinstance(chosen, Mode) else torch.float32
@@ -167,6 +170,7 @@ class VoiceDesignEngine:
             max_sessions=max_sessions,
             max_context=max_context,
             scratch_slots=SCRATCH_SLOTS if accelerated else 0,
+            fp8_cache=on_cuda and accelerated and isinstance(chosen, Mode) and chosen.kv_cache_fp8,
         )
         if accelerated:
             fast_paths.accelerate(engine, chosen)

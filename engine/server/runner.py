@@ -102,8 +102,9 @@ def run(settings: ServerSettings, engine_factory: EngineFactory) -> int:
     return 0 if server.started else 1
 
 
-def talker_context(settings: ServerSettings, talker: TalkerConfig, element_bytes: int) -> int:
-    """Positions per slot of the talker KV pool (``max_context``).
+def talker_context(settings: ServerSettings, talker: TalkerConfig, position_bytes: int) -> int:
+    """Positions per slot of the talker KV pool (``max_context``), one position of a slot taking
+    `position_bytes` (``KVCache.position_bytes``: half as many in fast mode's e4m3 pool as in bfloat16).
 
     What the largest request the settings allow can need (``settings.context_positions``: the text and
     description byte limits, the template, ``max_duration_seconds``), capped by ``MAX_TALKER_CONTEXT``, the
@@ -111,24 +112,32 @@ def talker_context(settings: ServerSettings, talker: TalkerConfig, element_bytes
     than the pool holds fails with 422 ``invalid_request``. The defaults (32 KiB text, 4 KiB description,
     120 s) allow more than the cap, so the cap applies: 120 s of audio after a prompt of up to 2597 tokens.
     """
-    per_position = 2 * talker.num_hidden_layers * talker.num_key_value_heads * talker.head_dim * element_bytes
-    budget = KV_POOL_BUDGET_BYTES // (per_position * settings.max_concurrent_requests)
+    budget = KV_POOL_BUDGET_BYTES // (position_bytes * settings.max_concurrent_requests)
     needed = min(settings.context_positions, talker.max_position_embeddings, MAX_TALKER_CONTEXT)
     return max(1, min(needed, budget))
 
 
 def load_engine(settings: ServerSettings) -> FrameEngine:
-    """The VoiceDesign engine for these settings: bfloat16 talker on CUDA, float32 on CPU, float32 codec."""
+    """The VoiceDesign engine for these settings: bfloat16 talker on CUDA in the mode QWEN3_TTS_MODE names
+    (its KV pool e4m3 in fast mode), float32 on CPU."""
     import torch
 
     from ..config import load_config
     from ..demo import ensure_demo_checkpoint
+    from ..model.layers import KVCache
     from ..runtime.engine import VoiceDesignEngine
+    from ..runtime.modes import resolve_mode
 
     model = settings.model or ensure_demo_checkpoint()
-    dtype = torch.bfloat16 if settings.device.startswith("cuda") else torch.float32
+    on_cuda = settings.device.startswith("cuda")
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    mode = resolve_mode() if on_cuda else None
+    cache_dtype = torch.float8_e4m3fn if mode is not None and mode.kv_cache_fp8 else dtype
     talker = load_config(model).talker
-    context = talker_context(settings, talker, dtype.itemsize)
+    position_bytes = KVCache.position_bytes(
+        talker.num_hidden_layers, talker.num_key_value_heads, talker.head_dim, cache_dtype
+    )
+    context = talker_context(settings, talker, position_bytes)
     if context >= settings.context_positions:
         logger.info("talker context: %d positions per slot, enough for any request the limits allow", context)
     else:
@@ -146,4 +155,5 @@ def load_engine(settings: ServerSettings) -> FrameEngine:
         dtype=dtype,
         max_sessions=settings.max_concurrent_requests,
         max_context=context,
+        mode=mode,
     )

@@ -327,6 +327,17 @@ def test_rope_attention_over_an_e4m3_cache_falls_back() -> None:
     assert 0 < float((got.float() - expected.float()).norm() / expected.float().norm()) < 0.1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_kv_cache_position_bytes_are_what_a_pool_allocates(dtype: torch.dtype) -> None:
+    """`KVCache.position_bytes` (the server sizes its pool by it) counts every tensor `allocate` makes: an
+    e4m3 pool's codes and row scales take 132 of bfloat16's 256 bytes a row of 128."""
+    layers_, slots, kv_heads, max_len, dim = 3, 2, 4, 5, 128
+    cache = layers.KVCache.allocate(layers_, slots, kv_heads, max_len, dim, dtype, "cpu")
+    tensors = [cache.k, cache.v, *(cache.scales or ())]
+    allocated = sum(t.numel() * t.element_size() for t in tensors)
+    assert allocated == slots * max_len * layers.KVCache.position_bytes(layers_, kv_heads, dim, dtype)
+
+
 def test_samplers_fall_back_to_sample_with_uniform() -> None:
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 3072, generator=g) * 3

@@ -14,11 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from server_harness import ServerProcess, free_port, parse_multipart, speech_body
 
 from qwen3_tts_native.cli import main
 from qwen3_tts_native.engine.checkpoint import preset_config
 from qwen3_tts_native.engine.config import load_config
+from qwen3_tts_native.engine.model.layers import KVCache
 from qwen3_tts_native.engine.server.runner import KV_POOL_BUDGET_BYTES, MAX_TALKER_CONTEXT, talker_context
 from qwen3_tts_native.engine.server.settings import (
     DEMO_MAX_DURATION_SECONDS,
@@ -64,25 +66,33 @@ def test_allow_unverified_and_threads_settings_parse() -> None:
 
 def test_context_covers_the_largest_allowed_request() -> None:
     real = preset_config("full").talker  # 28 layers, 8 KV heads of 128: 112 KiB per position in bfloat16
+    bf16 = KVCache.position_bytes(28, 8, 128, torch.bfloat16)
     small = load_settings({}, model=Path("/m"), max_text_bytes=1000, max_voice_description_bytes=200)
     assert small.max_frames == 1500
     assert small.context_positions == 1000 + 200 + PROMPT_TEMPLATE_TOKENS + 1500 - 1
-    assert talker_context(small.resolved(True), real, 2) == small.context_positions
+    assert talker_context(small.resolved(True), real, bf16) == small.context_positions
     short = load_settings(
         {}, model=Path("/m"), max_text_bytes=100, max_voice_description_bytes=200, max_duration_seconds=2.0
     ).resolved(True)
-    assert talker_context(short, real, 2) == 100 + 200 + PROMPT_TEMPLATE_TOKENS + 25 - 1  # a smaller pool
+    assert talker_context(short, real, bf16) == 100 + 200 + PROMPT_TEMPLATE_TOKENS + 25 - 1  # a smaller pool
     defaults = load_settings({}, model=Path("/m")).resolved(True)  # 8 slots, 36 KiB of free text, 120 s
     assert defaults.context_positions > MAX_TALKER_CONTEXT
-    assert talker_context(defaults, real, 2) == MAX_TALKER_CONTEXT
+    assert talker_context(defaults, real, bf16) == MAX_TALKER_CONTEXT
     many = load_settings({}, model=Path("/m"), max_concurrent_requests=64).resolved(True)
-    per_position = 2 * 28 * 8 * 128 * 2
-    assert talker_context(many, real, 2) == KV_POOL_BUDGET_BYTES // (64 * per_position) == 2340
+    assert bf16 == 2 * 28 * 8 * 128 * 2
+    assert talker_context(many, real, bf16) == KV_POOL_BUDGET_BYTES // (64 * bf16) == 2340
+    # fast mode's e4m3 pool (codes and a float32 scale a row): 64 slots get the whole cap under the budget
+    e4m3 = KVCache.position_bytes(28, 8, 128, torch.float8_e4m3fn)
+    assert e4m3 == 2 * 28 * 8 * (128 + 4)
+    assert talker_context(many, real, e4m3) == MAX_TALKER_CONTEXT
 
 
 def test_tiny_context_is_capped(tiny_model: Path) -> None:
     settings = load_settings({}, model=tiny_model).resolved(False)
-    assert talker_context(settings, load_config(tiny_model).talker, 4) == MAX_TALKER_CONTEXT
+    tiny = load_config(tiny_model).talker
+    layer_count, kv_heads, dim = tiny.num_hidden_layers, tiny.num_key_value_heads, tiny.head_dim
+    float32 = KVCache.position_bytes(layer_count, kv_heads, dim, torch.float32)
+    assert talker_context(settings, tiny, float32) == MAX_TALKER_CONTEXT
 
 
 # --- model identity -----------------------------------------------------------------------------------
