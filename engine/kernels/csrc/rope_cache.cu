@@ -24,10 +24,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                               T* __restrict__ k_cache, T* __restrict__ v_cache, CacheScales scales,
                               bf16* __restrict__ k_out, int q_heads, int kv_heads, int max_len, float eps) {
   constexpr int D = 64 * P;
-  constexpr int H = D / 2;
   const int b = blockIdx.y;
   const int head = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
   const bool is_q = head < q_heads;
   // Before waiting for the previous kernel: the row's position and slot (see launch.cuh) and the constants.
   const int pos = static_cast<int>(load_before_wait(positions + b));
@@ -37,7 +35,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   const HeadSlice<P> weight = load_slice<P, kBeforeWait>(is_q ? q_norm : k_norm);
   begin_dependent_kernel();
   if (head >= q_heads + 2 * kv_heads) return;
-  const int lo = lane * P;  // element index in the first half; lo + H in the second
 
   if (head >= q_heads + kv_heads) {  // V: copied (or quantized) into the cache
     const int kvh = head - q_heads - kv_heads;
@@ -57,14 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   CacheSlice<P, T> stored;
   write_cache_row<P, T>(k_cache, scales.k, ((slot * kv_heads + h) * max_len + pos) * D, out, stored);
-  if (k_out != nullptr) {
-    bf16* row = k_out + (static_cast<int64_t>(b) * kv_heads + h) * D;
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      row[lo + j] = out.lo[j];
-      row[lo + H + j] = out.hi[j];
-    }
-  }
+  if (k_out != nullptr) store_slice<P>(k_out + (static_cast<int64_t>(b) * kv_heads + h) * D, out);
 }
 
 }  // namespace
