@@ -29,7 +29,7 @@ per-row decode kernel. Only a pass whose padding would not fit (`KernelFrame.pas
 (runtime/modes.py) differ in the weights: bf16 (exact) or fp8 (fast), the GEMVs reading those, and fast's
 products of many rows (prompt passes of several sessions) running as fp8 GEMMs (`Weight`); and in the
 talker's KV cache: bf16 (exact) or e4m3 codes with a scale a row (fast: `Mode.kv_cache_fp8`; `install`
-allocates it).
+reallocates a pool that is not already one).
 
 Numerics: the kernels compute the reference ops of model/layers.py (each checked against its torch
 reference on the device, tests/device/test_kernel_parity.py) but round differently, so the GPU frame is

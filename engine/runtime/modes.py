@@ -74,8 +74,9 @@ class Mode:
     weights.
 
     kv_cache_fp8: the talker's KV cache holds e4m3 codes with a float32 scale a (slot, KV head, position) row
-    (`graphs.install` allocates it; `ops.rope_attention` and its kernels quantize each new row as
-    `reference.quantize_rows_fp8` does and attend over the codes times their scales): half the bytes the
+    (`VoiceDesignEngine.load` allocates it, `graphs.install` where a pool is not yet one; `ops.rope_attention`
+    and its kernels quantize each new row as `reference.quantize_rows_fp8` does and attend over the codes
+    times their scales): half the bytes the
     decode attention streams, which at 64 streams was bandwidth-bound (Nsight Compute, run 178: 21.5 us a
     layer at ~1.9 TB/s, a quarter of the talker's kernel time). The predictor's 16-position cache stays bf16.
     Runs 179-180 (H100, two rounds): 64-row frames 4.135 / 4.098 -> 4.102 / 4.095 ms, 16 rows -1.6%, the
